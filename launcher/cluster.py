@@ -1,0 +1,36 @@
+"""The cluster description every platform produces, and the command builder consumes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What one host knows about the job's cluster.
+
+    ``hosts`` is in rank order (the same on every host), so ``hosts[0]`` is the master and
+    ``hosts.index(current_host) == node_rank``. Platforms that only publish a host count (SageMaker
+    SDK v3) leave ``hosts`` empty and set ``master_addr`` directly.
+    """
+
+    platform: str
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    current_host: str
+    master_addr: Optional[str]
+    hosts: tuple[str, ...] = ()
+    network_interface: Optional[str] = None
+    instance_type: Optional[str] = None
+    base_dir: Optional[str] = None
+    job_name: Optional[str] = None
+    evidence: tuple[str, ...] = field(default=(), compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form (used by ``--dry-run --json``)."""
+        data = asdict(self)
+        data["hosts"] = list(self.hosts)
+        data["evidence"] = list(self.evidence)
+        return data

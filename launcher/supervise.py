@@ -1,0 +1,112 @@
+"""Start torchrun, stream its output, forward stop signals, and leave no process behind.
+
+- torchrun runs in a session of its own, so a terminal's Ctrl-C reaches only the launcher, which
+  decides what the job gets.
+- SIGTERM, SIGINT and SIGHUP are forwarded to the workers themselves (torchrun's children). A
+  worker that saves a checkpoint and exits 0 then ends the job cleanly, because torchrun sees its
+  workers succeed; had torchrun been signalled, it would report a failure whatever they did.
+- After the grace period the whole tree is killed. Once torchrun has exited, anything it left
+  behind is killed too; the launcher is a child subreaper, so orphans come back to it.
+- A forked :class:`~launcher.proctree.Watchdog` kills the tree if the launcher itself is killed.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Callable, Deque, Mapping, Optional
+
+from launcher import proctree
+from launcher.command import Launch
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STDERR_TAIL_LINES = 400
+
+
+@dataclass
+class Outcome:
+    """How torchrun ended, as the launcher saw it."""
+
+    returncode: int  # torchrun's; negative: killed by that signal
+    pid: int
+    stop_signal: Optional[int] = None  # the first stop signal the launcher received
+    killed_after_grace: bool = False
+    stderr_tail: list[str] = field(default_factory=list)
+
+
+def _pump(source: IO[bytes], sink: IO[bytes], tail: Optional[Deque[bytes]]) -> None:
+    """Copy lines unmodified as they come; keep the last ones when asked."""
+    for line in iter(source.readline, b""):
+        sink.write(line)
+        sink.flush()
+        if tail is not None:
+            tail.append(line)
+    source.close()
+
+
+def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float,
+              log: Callable[[str], None]) -> Outcome:
+    """Run the launch to its end and return how it ended. Blocks; installs signal handlers."""
+    os.makedirs(launch.log_dir, exist_ok=True)
+    proctree.become_subreaper()
+    watchdog = proctree.Watchdog()
+    state: dict[str, object] = {"signal": None, "deadline": None, "proc": None}
+
+    def forward(signum: int, _frame: object) -> None:
+        proc = state["proc"]
+        if state["signal"] is None:
+            state["signal"] = signum
+            state["deadline"] = time.monotonic() + grace_period
+            log(f"received {signal.Signals(signum).name}: forwarding it to the workers; "
+                f"killing everything left after {grace_period:g} s")
+        if isinstance(proc, subprocess.Popen) and proc.poll() is None:
+            for pid in proctree.children_of(proc.pid) or [proc.pid]:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    tail: Deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
+    try:
+        proc = subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        state["proc"] = proc
+        watchdog.guard(proc.pid)
+        if state["signal"] is not None:  # arrived while starting
+            forward(state["signal"], None)  # type: ignore[arg-type]
+        pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, None), daemon=True),
+                 threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, tail), daemon=True)]
+        for pump in pumps:
+            pump.start()
+        killed = False
+        while True:
+            deadline = state["deadline"]
+            try:
+                timeout = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+                returncode = proc.wait(timeout=timeout)
+                break
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() >= deadline and not killed:
+                    log(f"grace period of {grace_period:g} s is over: killing the job's processes")
+                    proctree.kill_tree([proc.pid])
+                    killed = True
+        leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
+        if leftovers:
+            log(f"killed {leftovers} process(es) torchrun left behind")
+        for pump in pumps:
+            pump.join(timeout=5)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        watchdog.release()
+        proctree.reap_children()
+    return Outcome(returncode=returncode, pid=proc.pid, stop_signal=state["signal"],  # type: ignore[arg-type]
+                   killed_after_grace=killed,
+                   stderr_tail=[line.decode("utf-8", "replace").rstrip("\n") for line in tail])
