@@ -5,6 +5,7 @@ Usage::
     ddp-launcher [options] train.py [script args...]
     ddp-launcher --train-script train.py [script args and options in any order]   # SageMaker form
     ddp-launcher simulate --hosts 2 [...] -- train.py [script args...]             # see simulate
+    ddp-launcher bundle train.py --out DIR       # stage what a SageMaker estimator uploads
 
 Options (each also ``LAUNCHER_<NAME>`` in the environment; see :mod:`launcher.options`)::
 
@@ -146,6 +147,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from launcher.simulate import main as simulate_main
 
         return simulate_main(args[1:])
+    if args and args[0] == "bundle":
+        from launcher.bundle import main as bundle_main
+
+        return bundle_main(args[1:])
     if args and args[0] in ("-h", "--help"):
         print(__doc__)
         return 0
