@@ -4,12 +4,15 @@
 
     build/bundle/
         launch.py          # the estimator's entry_point: runs launcher.cli.main()
-        launcher/          # this package, .py files only
+        launcher/          # this package, .py files only (sub-packages included, no caches)
         train_resnet.py    # the training script
         ddp_utils.py       # the helper module, when it stands beside the script
 
 Nothing else: no ``requirements.txt`` (AWS's toolkit would pip-install it, reinstalling torch or the
-SDK in the container), no caches, no notebooks, no data.
+SDK in the container), no ``setup.py`` (the toolkit would ``pip install`` the whole bundle as a
+package), no caches, no notebooks, no data. Such names are refused, as are two files with the same
+name and names that would hide ``launch.py`` or the ``launcher`` package. Everything is checked
+before anything is written.
 """
 
 from __future__ import annotations
@@ -18,10 +21,16 @@ import argparse
 import os
 import shutil
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 ENTRY_POINT = "launch.py"
+PACKAGE = "launcher"
 HELPER_MODULE = "ddp_utils.py"
+# Files AWS's toolkit acts on when they are in the code directory: requirements.txt is
+# pip-installed; a setup.py makes the code directory a package that is pip-installed.
+INSTALL_FILES = frozenset({"requirements.txt", "setup.py", "setup.cfg", "pyproject.toml"})
+RESERVED = frozenset({ENTRY_POINT, PACKAGE, PACKAGE + ".py"})
 _SHIM = '''"""SageMaker entry point: start the DDP launcher (see launcher/cli.py)."""
 
 import sys
@@ -33,46 +42,120 @@ if __name__ == "__main__":
 '''
 
 
+class BundleError(ValueError):
+    """The bundle cannot be staged as asked (bad names, missing files); nothing was written."""
+
+
 def package_dir() -> str:
     """The directory of the ``launcher`` package being run."""
     return os.path.dirname(os.path.abspath(__file__))
+
+
+def package_files(root: Optional[str] = None) -> list[str]:
+    """The package's ``.py`` files relative to ``root`` (default: :func:`package_dir`), sorted.
+
+    Only directories that are packages (hold ``__init__.py``) are entered; caches and hidden
+    directories are skipped.
+    """
+    root = root or package_dir()
+    found: list[str] = []
+    for current, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__"))
+                         and os.path.isfile(os.path.join(current, d, "__init__.py")))
+        found.extend(os.path.relpath(os.path.join(current, name), root)
+                     for name in files if name.endswith(".py"))
+    return sorted(found)
+
+
+def _inside(path: str, directory: str) -> bool:
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([path, directory]) == directory
+
+
+def _plan_copies(script: str, extra_files: Sequence[str]) -> list[tuple[str, str]]:
+    """``(source, name in the bundle)`` for the script, its helper and the extras; checks them."""
+    if not os.path.isfile(script):
+        raise FileNotFoundError(f"training script not found: {script!r}")
+    helper = os.path.join(os.path.dirname(os.path.abspath(script)), HELPER_MODULE)
+    sources = [script]
+    if os.path.isfile(helper) and os.path.basename(script) != HELPER_MODULE:
+        sources.append(helper)
+    for path in extra_files:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"extra file not found (or not a file): {path!r}")
+        sources.append(path)
+    copies: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
+    for path in sources:
+        name = os.path.basename(path)
+        if not os.access(path, os.R_OK):
+            raise BundleError(f"cannot read {path!r}")
+        if name in RESERVED:
+            raise BundleError(f"{path!r} would replace the bundle's own {name!r}; rename it")
+        if name in INSTALL_FILES:
+            raise BundleError(f"{path!r}: a {name} in the bundle makes AWS's toolkit pip-install "
+                              "it in the container (reinstalling torch or the SDK); the container "
+                              "image must already hold the dependencies")
+        if name in seen:
+            raise BundleError(f"two files named {name!r} in the bundle: {seen[name]!r} and {path!r}")
+        seen[name] = path
+        copies.append((path, name))
+    return copies
 
 
 def stage_bundle(script: str, dest: str, extra_files: Sequence[str] = ()) -> str:
     """Write the bundle for ``script`` into ``dest`` (created, must be empty); returns ``dest``.
 
     ``extra_files`` are copied beside the script (for modules of the user's own it imports).
+    Raises ``FileNotFoundError`` (a missing script or extra), ``FileExistsError`` (``dest`` not
+    empty) or :class:`BundleError` (names refused) before writing anything.
     """
-    if not os.path.isfile(script):
-        raise FileNotFoundError(f"training script not found: {script!r}")
-    os.makedirs(dest, exist_ok=True)
-    if os.listdir(dest):
+    copies = _plan_copies(script, extra_files)
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise FileExistsError(f"bundle directory is a file: {dest!r}")
+    if os.path.isdir(dest) and os.listdir(dest):
         raise FileExistsError(f"bundle directory is not empty: {dest!r}")
+    if _inside(dest, package_dir()):
+        raise BundleError(f"bundle directory {dest!r} is inside the launcher package it copies")
+    modules = package_files()
+    os.makedirs(dest, exist_ok=True)
     with open(os.path.join(dest, ENTRY_POINT), "w", encoding="utf-8") as fh:
         fh.write(_SHIM)
-    shutil.copytree(package_dir(), os.path.join(dest, "launcher"),
-                    ignore=lambda _dir, names: [n for n in names
-                                                if not n.endswith(".py") and n != "platforms"])
-    helper = os.path.join(os.path.dirname(os.path.abspath(script)), HELPER_MODULE)
-    for path in [script, *([helper] if os.path.isfile(helper) else []), *extra_files]:
-        shutil.copy2(path, os.path.join(dest, os.path.basename(path)))
+    for rel in modules:
+        target = os.path.join(dest, PACKAGE, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.join(package_dir(), rel), target)
+    for path, name in copies:
+        shutil.copyfile(path, os.path.join(dest, name))
     return dest
+
+
+def list_bundle(dest: str) -> list[str]:
+    """Every file under ``dest``, as sorted relative paths with ``/`` separators."""
+    return sorted(os.path.relpath(os.path.join(root, name), dest).replace(os.sep, "/")
+                  for root, _dirs, files in os.walk(dest) for name in files)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit code 2, as for every other bad input
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m launcher bundle SCRIPT --out DIR``: stage the bundle and list what it holds."""
-    parser = argparse.ArgumentParser(prog="ddp-launcher bundle", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="ddp-launcher bundle", description=__doc__.splitlines()[0])
     parser.add_argument("script", help="the training script")
     parser.add_argument("--out", required=True, help="an empty or new directory")
     parser.add_argument("--extra", action="append", default=[], help="another file to ship beside it")
     args = parser.parse_args(argv)
     try:
         dest = stage_bundle(args.script, args.out, args.extra)
-    except (FileNotFoundError, FileExistsError) as exc:
-        sys.stderr.write(f"ddp-launcher bundle: error: {exc}\n")
+    except (BundleError, OSError) as exc:
+        text = str(exc) if isinstance(exc, BundleError) or exc.filename is None else \
+            f"{exc.strerror}: {exc.filename!r}"
+        sys.stderr.write(f"{parser.prog}: error: {' '.join(text.split())}\n")
         return 2
-    for root, _dirs, files in sorted(os.walk(dest)):
-        for name in sorted(files):
-            print(os.path.relpath(os.path.join(root, name), dest))
+    for name in list_bundle(dest):
+        print(name)
     print(f"entry_point={ENTRY_POINT!r}, source_dir={dest!r}", file=sys.stderr)
     return 0

@@ -31,8 +31,9 @@ import shlex
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional
 
 from launcher import failure, hyperparameters
 from launcher.cluster import Cluster

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Optional
 
 from launcher.cluster import Cluster
 from launcher.options import Options
@@ -46,7 +47,8 @@ def _setdefault(changes: dict[str, str], environ: Mapping[str, str], name: str, 
                 notes: list[str]) -> None:
     """Set ``name`` unless the user already did: a variable the user set always wins."""
     if name in environ:
-        notes.append(f"kept {name}={environ[name]} (set by the user) instead of {value}")
+        if environ[name] != value:
+            notes.append(f"kept {name}={environ[name]} (set by the user) instead of {value}")
     else:
         changes[name] = value
 

@@ -17,8 +17,9 @@ import json
 import os
 import re
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from launcher.cluster import Cluster
 from launcher.command import Launch

@@ -1,9 +1,10 @@
 """SageMaker hyperparameters: AWS's rendering into argv, and the repair of a split argv.
 
 AWS's toolkit (``sagemaker_training.mapping.to_cmd_args``) turns ``hyperparameters.json`` into the
-entry point's argv: decode each value as JSON (else keep the text), drop ``sagemaker_*`` keys and
-``_tuning_objective_metric``, sort the keys, write ``--key value`` (``-k`` for a one-letter key), a
-dict as ``a=1,b=2`` and anything else as Python's ``str()`` (``None`` as an empty string).
+entry point's argv: decode each value as JSON (else keep the text), drop ``sagemaker_*`` keys,
+``_tuning_objective_metric`` and ``default_user_module_name`` (``params.SAGEMAKER_HYPERPARAMETERS``),
+sort the keys, write ``--key value`` (``-k`` for a one-letter key), a dict as ``a=1,b=2`` and
+anything else as Python's ``str()`` (``None`` as an empty string).
 
 Toolkits before 5.1.4 joined that argv into one shell string, so ``"name": "a b"`` reached the
 script as two words. :func:`repair_split_argv` recognises exactly that damage and rebuilds the
@@ -13,9 +14,10 @@ argv from the file.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
-DROPPED_KEYS = frozenset({"_tuning_objective_metric"})
+DROPPED_KEYS = frozenset({"_tuning_objective_metric", "default_user_module_name"})
 SAGEMAKER_PREFIX = "sagemaker_"
 
 

@@ -21,8 +21,9 @@ optional ``True/False/true/false/1/0`` after them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Optional
 
 from launcher.errors import ConfigError
 

@@ -8,12 +8,14 @@ launcher itself dies, even by SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -65,10 +67,8 @@ def children_of(pid: int) -> list[int]:
 
 def _signal_all(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def kill_tree(roots: Iterable[int], include_roots: bool = True, exclude: Iterable[int] = ()) -> int:

@@ -13,14 +13,16 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO, Callable, Deque, Mapping, Optional
+from typing import IO, Callable, Deque, Optional
 
 from launcher import proctree
 from launcher.command import Launch
@@ -40,7 +42,7 @@ class Outcome:
     stderr_tail: list[str] = field(default_factory=list)
 
 
-def _pump(source: IO[bytes], sink: IO[bytes], tail: Optional[Deque[bytes]]) -> None:
+def _pump(source: IO[bytes], sink: IO[bytes], tail: Optional[collections.deque[bytes]]) -> None:
     """Copy lines unmodified as they come; keep the last ones when asked."""
     for line in iter(source.readline, b""):
         sink.write(line)
@@ -67,13 +69,11 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float,
                 f"killing everything left after {grace_period:g} s")
         if isinstance(proc, subprocess.Popen) and proc.poll() is None:
             for pid in proctree.children_of(proc.pid) or [proc.pid]:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signum)
-                except ProcessLookupError:
-                    pass
 
     previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
-    tail: Deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
+    tail: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
     try:
         proc = subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)

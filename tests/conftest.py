@@ -6,7 +6,7 @@ import os
 import socket
 import sys
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import pytest
 

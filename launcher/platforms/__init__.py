@@ -6,7 +6,8 @@ the fallback when no cluster manager is found.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError

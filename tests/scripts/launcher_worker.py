@@ -1,0 +1,92 @@
+"""A small DDP job for the launcher's tests: trains a linear model with gloo and records facts.
+
+Each rank writes ``<record dir>/rank<R>.json`` (pid, parent pid, ranks, world size, argv, the final
+parameters) to ``$WORKER_RECORD_DIR``. Options make it fail on purpose:
+``--exit-code N --fail-rank R`` exits N on rank R; ``--raise-on R`` raises ValueError on rank R;
+``--self-signal SIG --fail-rank R`` kills rank R with a signal; ``--steps N --step-sleep S`` makes it
+run long enough to be stopped; SIGTERM is recorded in the record file and ends the loop with exit 0
+when ``--clean-stop`` is given (the default re-raises it: the process dies of SIGTERM).
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+STOP = {"signal": None}
+
+
+def write_record(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+@record
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--exit-code", type=int, default=None)
+    parser.add_argument("--raise-on", type=int, default=None)
+    parser.add_argument("--self-signal", default=None)
+    parser.add_argument("--fail-rank", type=int, default=0)
+    parser.add_argument("--fail-at-step", type=int, default=0)
+    parser.add_argument("--clean-stop", action="store_true")
+    args, unknown = parser.parse_known_args()
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    out = os.path.join(os.environ["WORKER_RECORD_DIR"], f"rank{rank}.json")
+    facts = {"pid": os.getpid(), "ppid": os.getppid(), "rank": rank, "world_size": world,
+             "local_rank": int(os.environ["LOCAL_RANK"]), "group_rank": int(os.environ["GROUP_RANK"]),
+             "host": os.environ.get("SM_CURRENT_HOST", socket.gethostname()), "argv": sys.argv[1:],
+             "signals": [], "steps_done": 0}
+    write_record(out, facts)
+
+    def on_term(signum, _frame):
+        facts["signals"].append(signal.Signals(signum).name)
+        write_record(out, facts)
+        STOP["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_term)
+    dist.init_process_group("gloo")
+    torch.manual_seed(rank)  # different data per rank; DDP keeps the parameters identical
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(args.steps):
+        if STOP["signal"] is not None:
+            if args.clean_stop:
+                break
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        if rank == args.fail_rank and step == args.fail_at_step:
+            if args.exit_code is not None:
+                sys.exit(args.exit_code)
+            if args.self_signal:
+                os.kill(os.getpid(), getattr(signal, args.self_signal))
+        if args.raise_on == rank and step == args.fail_at_step:
+            raise ValueError(f"bad batch on rank {rank} at step {step}")
+        x = torch.randn(8, 4)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        facts["steps_done"] = step + 1
+        write_record(out, facts)
+        time.sleep(args.step_sleep)
+    facts["params"] = [p.detach().flatten().tolist() for p in model.parameters()]
+    write_record(out, facts)
+    print(f"rank {rank} of {world} done after {facts['steps_done']} steps", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

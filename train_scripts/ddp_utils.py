@@ -1,0 +1,514 @@
+"""Shared helpers of the DDP training scripts (a SageMaker source bundle ships this file beside them).
+
+What a script gets from here:
+
+- :func:`start` / :class:`Job`: rank, device and backend from torchrun's variables (``nccl`` on GPU,
+  ``gloo`` on CPU); a plain ``python script.py`` runs as a world of one without a process group.
+- SageMaker defaults (:func:`add_common_arguments`, :func:`resolve_paths`): data from
+  ``SM_CHANNEL_<NAME>``, the model to ``SM_MODEL_DIR``, outputs to ``SM_OUTPUT_DATA_DIR``,
+  checkpoints to SageMaker's checkpoint directory; plain local paths elsewhere.
+- :func:`fit`: the training loop. A :class:`ResumableSampler` (a ``DistributedSampler``, re-seeded
+  every epoch), a checkpoint written atomically by rank 0 after every epoch and on SIGTERM, automatic
+  resume (mid-epoch too), a stop flag all ranks agree on at every step, evaluation on every rank with
+  exact totals (:func:`evaluate`), one ``METRIC`` line per epoch and ``metrics.json``.
+
+Test hooks: with ``DDP_UTILS_PID_DIR`` set every rank writes ``<rank>.pid`` there; with
+``DDP_UTILS_HASH_DIR`` set every rank writes ``<rank>.sha256``, a hash of its final weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import hashlib
+import io
+import itertools
+import json
+import math
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DistributedSampler
+
+PID_DIR_ENV = "DDP_UTILS_PID_DIR"
+HASH_DIR_ENV = "DDP_UTILS_HASH_DIR"
+METRIC_NAMES = ("epoch", "train_loss", "val_loss", "val_accuracy", "images_per_sec")
+_NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+#: For an estimator's ``metric_definitions``: one regex per value of the ``METRIC`` lines.
+METRIC_DEFINITIONS = [{"Name": name, "Regex": rf"METRIC .*\b{name}={_NUMBER}"} for name in METRIC_NAMES]
+CHECKPOINT_GLOB = "checkpoint-e*-s*.pt"
+_CHECKPOINT_NAME = re.compile(r"checkpoint-e(\d+)-s(\d+)\.pt$")
+_TEMP_PREFIX = ".tmp-"
+_stop_signal: list[int] = []  # the stop signal received, if any
+
+
+def str2bool(text: str) -> bool:
+    """``True/False/true/false/1/0/yes/no`` -> bool, for ``argparse`` (SageMaker passes ``--flag True``)."""
+    lowered = str(text).strip().lower()
+    if lowered in ("true", "1", "yes", "y", "t"):
+        return True
+    if lowered in ("false", "0", "no", "n", "f"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def auto_bool(text: str) -> Optional[bool]:
+    """``auto`` -> None (decided by the device), else :func:`str2bool`."""
+    return None if str(text).strip().lower() == "auto" else str2bool(text)
+
+
+def log(message: str) -> None:
+    """A line on stdout, flushed (print it on rank 0 only: see :attr:`Job.is_main`)."""
+    print(message, flush=True)
+
+
+# ---------------------------------------------------------------- process group and device
+
+
+@dataclass(frozen=True)
+class Job:
+    """This process's place in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def log(self, message: str) -> None:
+        """Print on rank 0 only."""
+        if self.is_main:
+            log(message)
+
+
+def start(backend: Optional[str] = None, timeout_minutes: float = 30.0) -> Job:
+    """Pick the device, join the process group (under torchrun) and catch SIGTERM/SIGINT."""
+    rank, world_size, local_rank = (int(os.environ.get(k, d)) for k, d in
+                                    (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)))
+    if os.environ.get(PID_DIR_ENV):
+        os.makedirs(os.environ[PID_DIR_ENV], exist_ok=True)
+        with open(os.path.join(os.environ[PID_DIR_ENV], f"{rank}.pid"), "w") as fh:
+            fh.write(str(os.getpid()))
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _on_stop_signal)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = backend or ("nccl" if cuda else "gloo")
+    if "MASTER_ADDR" in os.environ and "RANK" in os.environ and not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_minutes))
+    return Job(rank, local_rank, world_size, device, backend)
+
+
+def shutdown() -> None:
+    """Leave the process group (safe to call when there is none)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _on_stop_signal(signum: int, _frame: object) -> None:
+    if _stop_signal:  # a second signal: stop now, the default way
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _stop_signal.append(signum)
+    os.write(2, f"rank {os.environ.get('RANK', '0')}: received {signal.Signals(signum).name}: "
+                f"finishing this step, then checkpoint and exit\n".encode())
+
+
+def stop_agreed(job: Job) -> bool:
+    """True on every rank when any rank was asked to stop (one tiny all_reduce)."""
+    flag = torch.tensor([1.0 if _stop_signal else 0.0], device=job.device)
+    if job.distributed:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
+
+
+def all_agree(job: Job, ok: bool) -> bool:
+    """True when ``ok`` on every rank (use it instead of a barrier after work that may fail)."""
+    flag = torch.tensor([0.0 if ok else 1.0], device=job.device)
+    if job.distributed:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() == 0)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a ``DistributedDataParallel`` wrapper (or the model itself)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def wrap(job: Job, model: nn.Module, channels_last: Optional[bool] = None) -> nn.Module:
+    """Move to the device (channels_last on GPU unless told) and wrap in DDP under a process group."""
+    model = model.to(job.device)
+    if job.cuda if channels_last is None else channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if not job.distributed:
+        return model
+    ids = [job.device.index] if job.cuda else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+
+
+def sync_buffers(job: Job, model: nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm statistics drift apart during training)."""
+    if job.distributed:
+        for buf in unwrap(model).buffers():
+            dist.broadcast(buf, src=0)
+
+
+def state_hash(model: nn.Module) -> str:
+    """sha256 of every parameter and buffer, in order: equal hashes mean equal weights."""
+    digest = hashlib.sha256()
+    for name, tensor in unwrap(model).state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- SageMaker paths and options
+
+
+def sagemaker_base_dir() -> str:
+    return os.environ.get("SAGEMAKER_BASE_DIR") or "/opt/ml"
+
+
+def sagemaker_checkpoint_dir() -> Optional[str]:
+    """``LocalPath`` of ``checkpointconfig.json``, else ``<base>/checkpoints`` on SageMaker, else None."""
+    base = sagemaker_base_dir()
+    config = os.path.join(base, "input", "config", "checkpointconfig.json")
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        with open(config, encoding="utf-8") as fh:
+            local_path = json.load(fh).get("LocalPath")
+        if local_path:
+            return str(local_path)
+    if os.environ.get("SAGEMAKER_BASE_DIR") or os.path.isdir(os.path.join(base, "input", "config")):
+        return os.path.join(base, "checkpoints")
+    return None
+
+
+def channel(name: str, default: Optional[str] = None) -> Optional[str]:
+    """``SM_CHANNEL_<NAME>`` (a SageMaker input channel), else ``default``."""
+    return os.environ.get(f"SM_CHANNEL_{name.upper()}") or default
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options every script shares; each script sets its own defaults with ``set_defaults``."""
+    add = parser.add_argument
+    add("--epochs", type=int, default=10, help="number of epochs")
+    add("--batch-size", type=int, default=32, help="mini-batch size per process")
+    add("--workers", type=int, default=0, help="data loading worker processes per process")
+    add("--learning-rate", "--lr", type=float, default=0.01, help="learning rate (before --scale-lr)")
+    add("--momentum", type=float, default=0.9, help="SGD momentum")
+    add("--scale-lr", type=str2bool, default=False, help="multiply the learning rate by the world size")
+    add("--model-dir", "--output-dir", dest="model_dir", default=None,
+        help="where rank 0 saves the model (default SM_MODEL_DIR, else ./outputs)")
+    add("--output-data-dir", default=None,
+        help="metrics.json and plots (default SM_OUTPUT_DATA_DIR, else the model dir)")
+    add("--checkpoint-dir", default=None,
+        help="checkpoints (default SageMaker's checkpoint dir, else <output-data-dir>/checkpoints)")
+    add("--resume", type=str2bool, default=True, help="resume from the latest checkpoint")
+    add("--print-freq", type=int, default=0, help="print the running loss every N steps (0: never)")
+    add("--backend", default=None, help="gloo, nccl or mpi (default nccl on GPU, gloo on CPU)")
+    add("--timeout", type=float, default=30, help="minutes to wait for the other processes")
+    add("--seed", type=int, default=0, help="random seed (weights, shuffling, augmentation)")
+    add("--channels-last", type=auto_bool, default=None, help="auto (GPU only), true or false")
+    add("--bf16", type=auto_bool, default=None, help="bf16 autocast: auto (GPU only), true or false")
+    return parser
+
+
+def resolve_paths(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the model, output and checkpoint directories from SageMaker's variables or local defaults."""
+    args.model_dir = args.model_dir or os.environ.get("SM_MODEL_DIR") or "outputs"
+    args.output_data_dir = args.output_data_dir or os.environ.get("SM_OUTPUT_DATA_DIR") or args.model_dir
+    args.checkpoint_dir = (args.checkpoint_dir or sagemaker_checkpoint_dir()
+                           or os.path.join(args.output_data_dir, "checkpoints"))
+    return args
+
+
+def scaled_lr(job: Job, args: argparse.Namespace) -> float:
+    """The learning rate, times the world size with ``--scale-lr true``."""
+    return args.learning_rate * (job.world_size if args.scale_lr else 1)
+
+
+def autocast(job: Job, bf16: Optional[bool] = None) -> contextlib.AbstractContextManager:
+    """bf16 autocast on GPU (or where asked), else nothing."""
+    if job.cuda if bf16 is None else bf16:
+        return torch.autocast(device_type=job.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def loader_options(job: Job, workers: int) -> dict[str, Any]:
+    """DataLoader keywords: pinned memory on GPU, persistent workers only when there are workers."""
+    return {"num_workers": workers, "pin_memory": job.cuda, "persistent_workers": workers > 0}
+
+
+# ---------------------------------------------------------------- sampling and evaluation
+
+
+class ResumableSampler(DistributedSampler):
+    """A ``DistributedSampler`` that can start an epoch part way (after a mid-epoch checkpoint)."""
+
+    start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:  # type: ignore[override]
+        super().set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.start, None)
+
+    def __len__(self) -> int:
+        return max(0, self.num_samples - self.start)
+
+
+def sampler(job: Job, size: int, seed: int = 0) -> ResumableSampler:
+    """A shuffling sampler over ``range(size)`` for this rank (padded so every rank has as many)."""
+    return ResumableSampler(range(size), num_replicas=job.world_size, rank=job.rank, shuffle=True, seed=seed)
+
+
+def shard(job: Job, size: int) -> range:
+    """This rank's share of ``range(size)`` for evaluation: ``rank::world_size``, no padding."""
+    return range(job.rank, size, job.world_size)
+
+
+@torch.no_grad()
+def evaluate(job: Job, model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+             bf16: Optional[bool] = None) -> dict[str, float]:
+    """Loss and accuracy over this rank's batches, summed over all ranks: exact dataset totals.
+
+    Give each rank a disjoint shard (:func:`shard`); the result is what one process gets on the
+    whole data set. Uses the unwrapped model, so ranks may see different numbers of batches.
+    """
+    net = unwrap(model)
+    was_training = net.training
+    net.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=job.device)  # loss sum, correct, count
+    for inputs, targets in batches:
+        inputs, targets = inputs.to(job.device, non_blocking=True), targets.to(job.device, non_blocking=True)
+        with autocast(job, bf16):
+            outputs = net(inputs)
+        totals[0] += F.cross_entropy(outputs.float(), targets, reduction="sum").double()
+        totals[1] += (outputs.argmax(dim=1) == targets).sum()
+        totals[2] += targets.numel()
+    if job.distributed:
+        dist.all_reduce(totals)
+    net.train(was_training)
+    loss, correct, count = totals.tolist()
+    return {"val_loss": loss / max(count, 1), "val_accuracy": correct / max(count, 1),
+            "val_correct": int(correct), "val_count": int(count)}
+
+
+# ---------------------------------------------------------------- files and checkpoints
+
+
+def write_atomic(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
+    """Write via a temp file in the same directory, fsync, then ``os.replace``: all or nothing."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=".part", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(directory: str, state: dict[str, Any], keep: int = 2) -> str:
+    """Save ``state`` as ``checkpoint-e<epoch>-s<step>.pt`` atomically; keep the newest ``keep``."""
+    path = os.path.join(directory, f"checkpoint-e{state['epoch']:04d}-s{state['step']:07d}.pt")
+    write_atomic(path, lambda fh: torch.save(state, fh))
+    for old in list_checkpoints(directory)[:-keep]:
+        with contextlib.suppress(OSError):
+            os.unlink(old)
+    for stale in glob.glob(os.path.join(directory, _TEMP_PREFIX + "*")):  # left by a crashed writer
+        with contextlib.suppress(OSError):
+            os.unlink(stale)
+    return path
+
+
+def list_checkpoints(directory: str) -> list[str]:
+    """Checkpoint files, oldest first (by epoch, then step)."""
+    found = [(tuple(map(int, m.groups())), p) for p in glob.glob(os.path.join(directory, CHECKPOINT_GLOB))
+             if (m := _CHECKPOINT_NAME.search(os.path.basename(p)))]
+    return [p for _, p in sorted(found)]
+
+
+def load_latest_checkpoint(directory: str) -> Optional[tuple[str, dict[str, Any]]]:
+    """The newest checkpoint that loads, as ``(path, state)``; unreadable ones are skipped."""
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            return path, torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a truncated or foreign file: fall back to an older one
+            log(f"warning: skipping unreadable checkpoint {path}: {type(exc).__name__}: {exc}")
+    return None
+
+
+def write_metrics(directory: str, history: list[dict[str, Any]]) -> str:
+    """``<directory>/metrics.json``: the list of per-epoch records (written atomically)."""
+    path = os.path.join(directory, "metrics.json")
+    write_atomic(path, lambda fh: fh.write(json.dumps(history, indent=1).encode()))
+    return path
+
+
+def metric_line(record: dict[str, Any]) -> str:
+    """``METRIC epoch=3 train_loss=0.1234 val_loss=0.2000 val_accuracy=0.9712 images_per_sec=1234.5``."""
+    formats = {"epoch": "{:d}", "images_per_sec": "{:.1f}"}
+    parts = [f"{name}={formats.get(name, '{:.4f}').format(record[name])}"
+             for name in METRIC_NAMES if record.get(name) is not None]
+    return "METRIC " + " ".join(parts)
+
+
+def _progress(job: Job, epoch: int, step: int, total: int, loss: torch.Tensor) -> None:
+    """A progress bar on rank 0, only when stderr is a terminal."""
+    if job.is_main and sys.stderr.isatty():
+        done = int(30 * step / max(total, 1))
+        sys.stderr.write(f"\repoch {epoch} [{'#' * done}{'.' * (30 - done)}] {step}/{total} "
+                         f"loss {float(loss):.4f}")
+        if step >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+# ---------------------------------------------------------------- the training loop
+
+
+@dataclass
+class FitResult:
+    history: list[dict[str, Any]]
+    stopped: bool  # True: a stop signal ended it early (a checkpoint was saved)
+
+
+def fit(job: Job, args: argparse.Namespace, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+        train_sampler: ResumableSampler, train_batches: Callable[[], Iterable[tuple[torch.Tensor, ...]]],
+        evaluate_fn: Callable[[], dict[str, float]], scheduler: Optional[Any] = None,
+        loss_fn: Callable[..., torch.Tensor] = F.cross_entropy) -> FitResult:
+    """Train ``args.epochs`` epochs: resume, checkpoint each epoch, stop cleanly on SIGTERM.
+
+    ``train_batches()`` iterates one epoch's batches in the order of ``train_sampler`` (which this
+    function positions with ``set_epoch``). ``evaluate_fn()`` returns :func:`evaluate`'s dict.
+    """
+    state: dict[str, Any] = {"epoch": 0, "step": 0, "history": [], "loss_sum": 0.0, "samples": 0,
+                             "train_time": 0.0}
+    found = load_latest_checkpoint(args.checkpoint_dir) if args.resume and job.is_main else None
+    box = [found]
+    if job.distributed:
+        dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        path, saved = box[0]
+        unwrap(model).load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        if scheduler is not None and saved.get("scheduler") is not None:
+            scheduler.load_state_dict(saved["scheduler"])
+        state.update({k: saved[k] for k in state})
+        if saved.get("world_size") != job.world_size and state["step"]:
+            state.update(step=0, loss_sum=0.0, samples=0, train_time=0.0)  # another split: redo the epoch
+        job.log(f"resuming from {path}: epoch {state['epoch'] + 1} of {args.epochs}, step {state['step']}")
+    del found, box
+
+    def checkpoint() -> None:
+        if job.is_main:
+            saved = save_checkpoint(args.checkpoint_dir, {
+                **state, "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "world_size": job.world_size})
+            log(f"checkpoint saved: {saved}")
+
+    bf16 = getattr(args, "bf16", None)
+    channels_last = job.cuda if getattr(args, "channels_last", None) is None else args.channels_last
+    model.train()
+    for epoch in range(state["epoch"], args.epochs):
+        state["epoch"] = epoch
+        train_sampler.set_epoch(epoch, start=state["step"] * args.batch_size)
+        total_steps = math.ceil(train_sampler.num_samples / args.batch_size)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=job.device)
+        tic = time.perf_counter()
+        for inputs, targets in train_batches():
+            inputs = inputs.to(job.device, non_blocking=True)
+            targets = targets.to(job.device, non_blocking=True)
+            if channels_last and inputs.dim() == 4:
+                inputs = inputs.contiguous(memory_format=torch.channels_last)
+            with autocast(job, bf16):
+                loss = loss_fn(model(inputs), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.detach().double() * targets.shape[0]
+            state["samples"] += targets.shape[0]
+            state["step"] += 1
+            if args.print_freq and state["step"] % args.print_freq == 0:
+                job.log(f"epoch {epoch + 1} step {state['step']}/{total_steps} loss {loss.item():.4f}")
+            _progress(job, epoch + 1, state["step"], total_steps, loss)
+            if stop_agreed(job):
+                state["loss_sum"] += float(loss_sum)
+                state["train_time"] += time.perf_counter() - tic
+                checkpoint()
+                return FitResult(state["history"], stopped=True)
+        state["train_time"] += time.perf_counter() - tic
+        totals = torch.tensor([state["loss_sum"] + float(loss_sum), state["samples"]],
+                              dtype=torch.float64, device=job.device)
+        if job.distributed:
+            dist.all_reduce(totals)
+        if scheduler is not None:
+            scheduler.step()
+        sync_buffers(job, model)
+        record = {"epoch": epoch + 1, "train_loss": float(totals[0] / totals[1]), **evaluate_fn(),
+                  "images_per_sec": float(totals[1]) / max(state["train_time"], 1e-9),
+                  "lr": optimizer.param_groups[0]["lr"], "train_seconds": state["train_time"]}
+        state["history"] = [*state["history"], record]
+        state.update(epoch=epoch + 1, step=0, loss_sum=0.0, samples=0, train_time=0.0)
+        if job.is_main:
+            log(metric_line(record))
+            write_metrics(args.output_data_dir, state["history"])
+        checkpoint()
+        if stop_agreed(job):
+            return FitResult(state["history"], stopped=epoch + 1 < args.epochs)
+    if os.environ.get(HASH_DIR_ENV):
+        os.makedirs(os.environ[HASH_DIR_ENV], exist_ok=True)
+        with open(os.path.join(os.environ[HASH_DIR_ENV], f"{job.rank}.sha256"), "w") as fh:
+            fh.write(state_hash(model))
+    return FitResult(state["history"], stopped=False)
+
+
+def save_model(job: Job, args: argparse.Namespace, model: nn.Module, name: str = "model.pt") -> Optional[str]:
+    """Rank 0 writes the model's ``state_dict`` to ``<model dir>/<name>`` (atomically)."""
+    if not job.is_main:
+        return None
+    path = os.path.join(args.model_dir, name)
+    state = unwrap(model).state_dict()
+    write_atomic(path, lambda fh: torch.save(state, fh))
+    log(f"model saved: {path}")
+    return path
