@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO, Callable, Deque, Optional
+from typing import IO, Callable, Optional
 
 from launcher import proctree
 from launcher.command import Launch
