@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from launcher import failure, hyperparameters
+from launcher import hyperparameters
 from launcher.cluster import Cluster
 from launcher.command import Launch, build_launch
 from launcher.errors import ConfigError
@@ -116,6 +116,7 @@ def describe(p: Plan, as_json: bool) -> str:
 
 def run(p: Plan, environ: Mapping[str, str]) -> int:
     """Start and supervise torchrun; report the outcome. Returns the launcher's exit code."""
+    from launcher import failure  # not needed by --dry-run: imported here to keep start-up short
     from launcher.supervise import supervise
 
     c = p.cluster

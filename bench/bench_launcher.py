@@ -1,0 +1,87 @@
+"""Benchmark: our launcher vs plain torchrun on the same one-host, two-process job.
+
+Prints the median wall time of each over alternating pairs and their ratio (target <= 1.03), and the
+launcher process's own start-up: its import time (``python -X importtime``), the wall time of a
+``--dry-run``, and whether torch was imported (it must not be).
+
+    .venv/bin/python bench/bench_launcher.py [--pairs 7] [--steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
+
+
+def environment(record_dir: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "LAUNCHER_", "SAGEMAKER_"))}
+    env.update(PYTHONPATH=REPO, WORKER_RECORD_DIR=record_dir, OMP_NUM_THREADS="1")
+    return env
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def startup(env: dict[str, str]) -> tuple[float, float, float, bool]:
+    """(launcher import ms, dry-run wall ms, bare interpreter wall ms, torch imported?)."""
+    argv = [sys.executable, "-X", "importtime", "-m", "launcher", "--dry-run", "--nproc-per-node", "2", WORKER]
+    err = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stderr
+    ours_us = 0
+    torch_seen = False
+    for line in err.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _self, cumulative, name = (part.strip() for part in line[len("import time:"):].split("|"))
+        if name.startswith("torch"):
+            torch_seen = True
+        if name == "launcher.cli":
+            ours_us = int(cumulative)
+    dry = statistics.median(timed([sys.executable, "-m", "launcher", "--dry-run", WORKER], env) for _ in range(7))
+    bare = statistics.median(timed([sys.executable, "-c", "pass"], env) for _ in range(7))
+    return ours_us / 1000, dry * 1000, bare * 1000, torch_seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as records:
+        env = environment(records)
+        job = [WORKER, "--steps", str(args.steps)]
+        ours_cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", "2", *job]
+        plain_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *job]
+        timed(plain_cmd, env)  # warm the page cache once
+        ours, plain = [], []
+        for i in range(args.pairs):
+            first, second = (ours_cmd, plain_cmd) if i % 2 == 0 else (plain_cmd, ours_cmd)
+            a, b = timed(first, env), timed(second, env)
+            ours.append(a if first is ours_cmd else b)
+            plain.append(b if first is ours_cmd else a)
+        import_ms, dry_ms, bare_ms, torch_seen = startup(env)
+    ratios = [o / p for o, p in zip(ours, plain)]
+    print(f"one host, 2 processes, {args.steps} DDP steps, {args.pairs} alternating pairs")
+    print("| measure | ddp-launcher | plain torchrun | ratio |")
+    print("|---|---|---|---|")
+    print(f"| median wall time | {statistics.median(ours):.2f} s | {statistics.median(plain):.2f} s | "
+          f"{statistics.median(ours) / statistics.median(plain):.3f} (median of pair ratios "
+          f"{statistics.median(ratios):.3f}) |")
+    print(f"| launcher imports (-X importtime) | {import_ms:.1f} ms | | |")
+    print(f"| `--dry-run` wall time | {dry_ms:.0f} ms | bare `python -c pass`: {bare_ms:.0f} ms | "
+          f"{dry_ms - bare_ms:+.0f} ms |")
+    print(f"| torch imported by the launcher process | {'YES' if torch_seen else 'no'} | | |")
+
+
+if __name__ == "__main__":
+    main()
