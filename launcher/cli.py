@@ -129,7 +129,10 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         cause = failure.find_root_cause(outcome, p.launch)
         code = failure.exit_code(outcome, cause)
         if code != 0:
-            report = failure.compose_report(c, outcome, cause, code)
+            options = p.invocation.options
+            rendezvous = (f"{c.master_addr}:{options.master_port} as node {c.node_rank} of {c.nnodes}, "
+                          f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
+            report = failure.compose_report(c, outcome, cause, code, rendezvous)
             if c.base_dir is not None:
                 failure.write_failure_file(c.base_dir, report)
             sys.stdout.flush()

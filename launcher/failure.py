@@ -151,14 +151,25 @@ def exit_code(outcome: Outcome, cause: Optional[RootCause]) -> int:
     return code if code > 0 else 128 - code
 
 
-def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause], code: int) -> str:
-    """At most 1024 characters: the root cause first, then the traceback's tail."""
+def _is_marker(line: str) -> bool:
+    """Python 3.11's ``^^^^~~~`` lines under a traceback's code: no information, only length."""
+    return set(line.strip()) <= set("^~ ")
+
+
+def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause], code: int,
+                   rendezvous: str = "") -> str:
+    """At most 1024 characters: the root cause first, then the traceback's tail.
+
+    ``rendezvous`` (e.g. ``algo-1:7777, timeout 900 s``) is named when torchrun itself failed.
+    """
     host = cluster.current_host
     if outcome.stop_signal is not None:
         head = (f"{host}: stopped by {signal_name(outcome.stop_signal)} and the workers did not finish "
                 f"cleanly (exit code {code})")
     elif cause is None or cause.rank is None:
         head = f"{host}: torchrun failed before or around the workers (exit code {code})"
+        if rendezvous:
+            head += f"; rendezvous {rendezvous}"
     elif cause.exitcode is not None and cause.exitcode < 0:
         head = (f"{host}: rank {cause.rank} (local rank {cause.local_rank}) was killed by "
                 f"{signal_name(-cause.exitcode)} (exit code {code})")
@@ -168,7 +179,7 @@ def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause
     if cause is not None and cause.exception:
         lines.append(cause.exception[:300])
     text = "\n".join(lines)
-    detail = [ln for ln in (cause.detail.splitlines() if cause else []) if ln.strip()]
+    detail = [ln for ln in (cause.detail.splitlines() if cause else []) if ln.strip() and not _is_marker(ln)]
     tail: list[str] = []
     budget = REPORT_LIMIT - len(text) - 1
     for line in reversed(detail):

@@ -215,3 +215,16 @@ def test_through_aws_sagemaker_training_toolkit(tmp_path):
     assert all(r["argv"] == expected for r in found.values()), found[0]["argv"]
     assert all(r["steps_done"] == 3 and "params" in r for r in found.values())
     assert_gone(job_pids(None, base))
+
+
+def test_lone_host_reports_the_rendezvous_it_waited_for(tmp_path):
+    hosts = ["algo-1", "algo-2"]
+    base = make_host(tmp_path, "algo-2", hosts)  # algo-1 never comes up
+    port = free_port()
+    proc = start_launcher(base, ["--rdzv-timeout", "3", WORKER], port, hosts)
+    _out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 1, err[-2000:]
+    first = (base / "output" / "failure").read_text().splitlines()[0]
+    assert first == (f"algo-2: torchrun failed before or around the workers (exit code 1); "
+                     f"rendezvous algo-1:{port} as node 1 of 2, timeout 3 s")
+    assert_gone([proc.pid])
