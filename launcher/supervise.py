@@ -79,6 +79,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         state["proc"] = proc
         watchdog.guard(proc.pid)
+        log(f"torchrun started as pid {proc.pid}")
         if state["signal"] is not None:  # arrived while starting
             forward(state["signal"], None)  # type: ignore[arg-type]
         pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, None), daemon=True),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -227,4 +228,5 @@ def test_lone_host_reports_the_rendezvous_it_waited_for(tmp_path):
     first = (base / "output" / "failure").read_text().splitlines()[0]
     assert first == (f"algo-2: torchrun failed before or around the workers (exit code 1); "
                      f"rendezvous algo-1:{port} as node 1 of 2, timeout 3 s")
-    assert_gone([proc.pid])
+    torchrun = re.search(r"torchrun started as pid (\d+)", err).group(1)
+    assert_gone([proc.pid, torchrun])
