@@ -22,9 +22,11 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -53,7 +55,7 @@ PREFIX = "ddp-launcher/hymenoptera"  # the notebook's default
 INSTANCE_TYPE = "ml.c5.xlarge"
 EPOCHS = 1
 # Tiny and quick on 2 shared cores; accepted by train_resnet.py (ddp_utils.add_common_arguments).
-TINY = {"batch-size": 4}
+TINY = {"batch-size": 4, "image-size": 32, "workers": 0}
 SDK_ENTRIES = {"sagemaker_program", "sagemaker_submit_directory", "sagemaker_container_log_level",
                "sagemaker_job_name", "sagemaker_region"}
 TELEMETRY_OFF = "SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n"
@@ -63,6 +65,39 @@ TELEMETRY_OFF = "SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n 
 # The local AWS endpoint
 # ------------------------------------------------------------------------------------------------
 
+class TrapProxy:
+    """A "proxy" on 127.0.0.1 that forwards nothing: it records the first line of every request
+    (``CONNECT sm-pysdk-t-us-east-1.s3...:443 HTTP/1.1``) and closes. Every HTTP(S) request not for
+    127.0.0.1 is sent here, so an attempt to reach any other address fails and is on record."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.sock.settimeout(0.1)
+        self.hits: list[str] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # timeout: look at the flag again
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    self.hits.append(conn.recv(1024).split(b"\r\n", 1)[0].decode(errors="replace"))
+                except OSError:
+                    self.hits.append("(connection without a request line)")
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
 @dataclass
 class Endpoint:
     url: str
@@ -70,6 +105,7 @@ class Endpoint:
     pid: int
     recording: str
     home: str  # fake AWS config files, SDK config
+    trap: TrapProxy
 
     def client(self, service: str):
         session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
@@ -92,7 +128,7 @@ class Endpoint:
 
     def env(self) -> dict[str, str]:
         """The environment of a process that must talk to this endpoint and to nothing else."""
-        dead_proxy = f"http://127.0.0.1:{free_port()}"  # nothing listens: any other address fails
+        proxy = self.trap.url
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("AWS_", "SAGEMAKER_", "SM_", "LAUNCHER_"))
                and k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
@@ -106,8 +142,8 @@ class Endpoint:
             "SAGEMAKER_USER_CONFIG_OVERRIDE": os.path.join(self.home, "sagemaker-config.yaml"),
             "SAGEMAKER_ADMIN_CONFIG_OVERRIDE": os.path.join(self.home, "sagemaker-config.yaml"),
             "SAGEMAKER_SUPPRESS_V2_WARNING": "1",
-            "HTTP_PROXY": dead_proxy, "HTTPS_PROXY": dead_proxy, "http_proxy": dead_proxy,
-            "https_proxy": dead_proxy, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
+            "HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy, "https_proxy": proxy,
+            "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
             "MPLBACKEND": "module://matplotlib_inline.backend_inline",
         })
         return env
@@ -135,22 +171,13 @@ def endpoint(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(MOTO_ENABLE_RECORDING="true", MOTO_RECORDER_FILEPATH=recording,
                AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION=REGION)
-    log = open(os.path.join(home, "moto.log"), "wb")
-    server = subprocess.Popen([PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT, env=env, cwd=home)
-    ep = Endpoint(f"http://127.0.0.1:{port}", port, server.pid, recording, home)
+    log_path = os.path.join(home, "moto.log")
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen([PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=log, stderr=subprocess.STDOUT, env=env, cwd=home)
+    ep = Endpoint(f"http://127.0.0.1:{port}", port, server.pid, recording, home, TrapProxy())
     try:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, f"moto server exited: {open(log.name).read()}"
-            try:
-                opener.open(f"{ep.url}/moto-api/reset", data=b"", timeout=2).read()  # also starts clean
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"moto server did not answer on {ep.url} within 60 s")
-                time.sleep(0.2)
+        _wait_until_up(ep, server, log_path)
         yield ep
     finally:
         family = [server.pid, *_children(server.pid)]
@@ -160,8 +187,24 @@ def endpoint(tmp_path_factory):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-        log.close()
+        ep.trap.close()
         assert_gone(family)
+
+
+def _wait_until_up(ep: Endpoint, server: subprocess.Popen, log_path: str) -> None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + 60
+    while True:
+        if server.poll() is not None:
+            with open(log_path, errors="replace") as fh:
+                pytest.fail(f"moto server exited with code {server.returncode}: {fh.read()[-3000:]}")
+        try:
+            opener.open(f"{ep.url}/moto-api/reset", data=b"", timeout=2).read()  # also starts clean
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"moto server did not answer on {ep.url} within 60 s")
+            time.sleep(0.2)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -175,7 +218,8 @@ def inject_parameters(nb: nbformat.NotebookNode, values: dict[str, Any]) -> None
     declared = set(re.findall(r"^(\w+) =", nb.cells[tagged[0]].source, flags=re.M))
     assert set(values) <= declared, f"not parameters of the notebook: {set(values) - declared}"
     source = "# Injected by the test\n" + "".join(f"{k} = {v!r}\n" for k, v in values.items())
-    nb.cells.insert(tagged[0] + 1, nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]}))
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
+    nb.cells.insert(tagged[0] + 1, cell)
 
 
 def execute(path: str, values: dict[str, Any], env: dict[str, str], keep: str) -> nbformat.NotebookNode:
@@ -218,20 +262,23 @@ class Submitted:
 
 
 def _metric_definitions() -> list[dict[str, str]]:
-    spec = importlib.util.spec_from_file_location("ddp_utils_for_test", os.path.join(TRAIN_SCRIPTS, "ddp_utils.py"))
-    module = importlib.util.module_from_spec(spec)
+    path = os.path.join(TRAIN_SCRIPTS, "ddp_utils.py")
+    spec = importlib.util.spec_from_file_location("ddp_utils_for_test", path)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses need it there
     spec.loader.exec_module(module)
     return module.METRIC_DEFINITIONS
 
 
 @pytest.fixture(scope="module")
 def submitted(endpoint, tmp_path_factory) -> Submitted:
-    keep = str(tmp_path_factory.mktemp("executed") / "sagemaker_ddp.ipynb")
+    scratch = tmp_path_factory.mktemp("executed")
+    keep = str(scratch / "sagemaker_ddp.ipynb")
+    env = {**endpoint.env(), "TMPDIR": str(scratch)}  # the notebook's generated data and bundle go here
     start = time.monotonic()
     nb = execute(SAGEMAKER_NOTEBOOK, {
         "role_arn": ROLE, "bucket": BUCKET, "region": REGION, "instance_type": INSTANCE_TYPE,
         "instance_count": 2, "epochs": EPOCHS, "extra_hyperparameters": TINY, "wait": True,
-        "endpoint_url": endpoint.url}, endpoint.env(), keep)
+        "endpoint_url": endpoint.url}, env, keep)
     seconds = time.monotonic() - start
     creates = [r for r in endpoint.requests()
                if r["headers"].get("x-amz-target") == "SageMaker.CreateTrainingJob"]
@@ -264,7 +311,8 @@ def test_create_training_job_names_the_launcher_two_hosts_and_the_script(submitt
     assert re.fullmatch(r"\d+\.dkr\.ecr\.us-east-1\.amazonaws\.com/pytorch-training:2\.8-cpu-py312", image)
     assert req["AlgorithmSpecification"]["MetricDefinitions"] == _metric_definitions()
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in req["InputDataConfig"]}
-    assert channels == {"train": f"s3://{BUCKET}/{PREFIX}/data/train", "val": f"s3://{BUCKET}/{PREFIX}/data/val"}
+    data = f"s3://{BUCKET}/{PREFIX}/data"
+    assert channels == {"train": f"{data}/train", "val": f"{data}/val"}
     assert req["CheckpointConfig"]["S3Uri"] == f"s3://{BUCKET}/{PREFIX}/checkpoints/{req['TrainingJobName']}"
     assert req["OutputDataConfig"]["S3OutputPath"] == f"s3://{BUCKET}/{PREFIX}/output"
     # moto's state agrees with the request.
@@ -276,6 +324,8 @@ def test_create_training_job_names_the_launcher_two_hosts_and_the_script(submitt
     assert {e["headers"]["host"] for e in entries} == {f"127.0.0.1:{endpoint.port}"}
     signed = [e["headers"]["authorization"] for e in entries if "authorization" in e["headers"]]
     assert signed and all("Credential=testing/" in a for a in signed)
+    # ... and nothing tried another address (the SDK's telemetry is opted out).
+    assert endpoint.trap.hits == []
 
 
 def test_uploaded_source_is_the_bundle_and_nothing_heavy(submitted):
@@ -307,7 +357,8 @@ def test_uploaded_data_set_and_bucket(submitted, endpoint):
     assert BUCKET in [b["Name"] for b in s3.list_buckets()["Buckets"]]  # the notebook made it
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}/data/")["Contents"]]
     relative = sorted(k[len(f"{PREFIX}/data/"):] for k in keys)
-    assert relative == sorted(f"{split}/{label}/{label}_{i:03d}.png" for split, n in (("train", 8), ("val", 4))
+    assert relative == sorted(f"{split}/{label}/{label}_{i:03d}.png"
+                              for split, n in (("train", 8), ("val", 4))
                               for label in ("ants", "bees") for i in range(n))
 
 
@@ -344,7 +395,8 @@ def test_what_was_submitted_trains_under_aws_toolkit(submitted, endpoint, tmp_pa
     data = {name: _download_prefix(s3, uri, str(tmp_path / "data" / name)) for name, uri in channels.items()}
     # The recorded hyperparameters, decoded as AWS's toolkit decodes them; simulate adds the SDK's own
     # sagemaker_* entries again (pointing at its local copy of the source).
-    recorded = hyperparameters.user_hyperparameters(hyperparameters.decode(submitted.description["HyperParameters"]))
+    raw = submitted.description["HyperParameters"]
+    recorded = hyperparameters.user_hyperparameters(hyperparameters.decode(raw))
     workdir = tmp_path / "job"
     command = [PYTHON, "-m", "launcher", "simulate", "--hosts", "2", "--nproc-per-node", "1",
                "--instance-type", INSTANCE_TYPE, "--workdir", str(workdir), "--toolkit",
@@ -352,8 +404,8 @@ def test_what_was_submitted_trains_under_aws_toolkit(submitted, endpoint, tmp_pa
                *[a for name, path in data.items() for a in ("--channel", f"{name}={path}")]]
     # cwd and PYTHONPATH = the unpacked source: `launcher` is imported from what was uploaded, and
     # 'train-script' names the uploaded script; simulate re-packs that copy as its sourcedir.tar.gz.
-    proc = subprocess.run(command, cwd=code, env=launcher_env(PYTHONPATH=str(code)), capture_output=True,
-                          text=True, timeout=900)
+    env = {**endpoint.env(), "PYTHONPATH": str(code)}  # any AWS call would reach moto, nothing else
+    proc = subprocess.run(command, cwd=code, env=env, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     summary = json.loads((workdir / "summary.json").read_text())
@@ -379,6 +431,7 @@ def test_what_was_submitted_trains_under_aws_toolkit(submitted, endpoint, tmp_pa
         assert all(float(v) >= 0 for v in values)
     history = json.loads((workdir / "algo-1" / "output" / "data" / "metrics.json").read_text())
     assert [r["epoch"] for r in history] == list(range(1, EPOCHS + 1))
+    assert endpoint.trap.hits == []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -390,6 +443,7 @@ def test_local_simulation_notebook_plots_the_curves(tmp_path):
     env = launcher_env()
     env.pop("PYTHONPATH")
     env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    env["TMPDIR"] = str(tmp_path)  # the generated data set, the launchers' run directories
     start = time.monotonic()
     nb = execute(LOCAL_NOTEBOOK, {"epochs": 2, "extra_hyperparameters": TINY, "workdir": str(workdir)},
                  env, str(tmp_path / "local_simulation.ipynb"))
@@ -428,7 +482,8 @@ def test_checker_finds_outputs_and_fix_strips_them(tmp_path):
     path = tmp_path / "dirty.ipynb"
     nbformat.write(nb, str(path))
     found = check_notebooks.problems(str(path))
-    assert len(found) == 3 and any("1 output" in f for f in found) and any("execution count 3" in f for f in found)
+    assert len(found) == 3, found
+    assert any("1 output" in f for f in found) and any("execution count 3" in f for f in found)
     assert check_notebooks.main([str(path)]) == 1
     assert check_notebooks.main(["--fix", str(path)]) == 0
     with open(path) as fh, open(SAGEMAKER_NOTEBOOK) as original:
