@@ -15,6 +15,7 @@ Map of the modules, in the order a launch goes through them:
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
 - ``failure``: the root cause, the true exit code and the report for ``output/failure``.
 - ``cli``: ties it together (``python -m launcher``, the ``ddp-launcher`` command).
+- ``simulate``: N SageMaker hosts as N launcher processes on one machine (``ddp-launcher simulate``).
 """
 
 __version__ = "0.1.0"

@@ -169,7 +169,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """simulate's options (the script and its hyperparameters come after ``--``)."""
-    p = _Parser(prog=PROG, description=__doc__.splitlines()[0].strip("`"),
+    p = _Parser(prog=PROG, allow_abbrev=False,
+                description="Run N SageMaker hosts as N launcher processes on this machine.",
                 epilog="then: -- script.py --key value ...  (the estimator's hyperparameters)")
     p.add_argument("--hosts", type=int, required=True, help=f"number of hosts, 1-{MAX_HOSTS}")
     p.add_argument("--nproc-per-node", type=int, default=None,
@@ -381,7 +382,7 @@ def build_config(argv: Sequence[str], cwd: str) -> Config:
     hps.update(from_words)
     script = _find_script(script_word, hps, cwd)
     hps = {"train-script": os.path.basename(script), **hps}
-    _check_limits(hps, len(sdk_entries("x", "x", "x")))
+    _check_limits(hps, len(sdk_entries("", "", "")))
     channels = dict(parse_channel(text, cwd) for text in args.channel)
     job_name = args.job_name or default_job_name()
     if not JOB_NAME.match(job_name):
@@ -615,7 +616,8 @@ def _host_tree(config: Config, host: str, submit: str) -> tuple[str, dict[str, A
         os.symlink(path, os.path.join(base, "input", "data", name))
     if not config.toolkit:  # what the toolkit's files.download_and_extract would do
         with tarfile.open(submit, "r:gz") as tar:
-            tar.extractall(os.path.join(base, "code"))
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(os.path.join(base, "code"), **safe)
     return base, files
 
 
@@ -708,7 +710,7 @@ class HostRun:
     returncode: Optional[int] = None
     stopped_by: Optional[str] = None  # why simulate sent it a stop signal
     stop_sent: Optional[float] = None
-    killed: bool = False
+    killed: Optional[str] = None  # why simulate killed its process tree
 
     @property
     def exit_code(self) -> Optional[int]:
@@ -839,7 +841,7 @@ class Simulation:
                 self.stop_job(signum, f"received {name}")
             else:
                 log(f"received {name} again: killing every host now")
-                self._kill_all()
+                self._kill_all(f"at the second {name}")
 
     # -- ends -----------------------------------------------------------------------------------
     def _collect_exits(self, now: float) -> None:
@@ -861,13 +863,13 @@ class Simulation:
                     and now - run.stop_sent > limit:
                 log(f"{run.spec.name} still runs {limit:g} s after the stop signal: killing it")
                 proctree.kill_tree([run.proc.pid])
-                run.killed = True
+                run.killed = f"still running {limit:g} s after the stop signal"
 
-    def _kill_all(self) -> None:
+    def _kill_all(self, why: str) -> None:
         for run in self.runs:
             if run.ended is None and not run.killed:
                 proctree.kill_tree([run.proc.pid])
-                run.killed = True
+                run.killed = why
 
     # -- the whole run ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -884,13 +886,13 @@ class Simulation:
             log(f"started {len(self.runs)} host(s): " +
                 ", ".join(f"{r.spec.name} pid {r.proc.pid}" for r in self.runs))
             self._loop()
+        finally:  # also when a host could not be started: nothing of the others may stay
             leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
             if leftovers:
                 log(f"killed {leftovers} process(es) the hosts left behind")
             for run in self.runs:
                 for thread in run.pumps:
                     thread.join(timeout=5)
-        finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             watchdog.release()
@@ -937,7 +939,7 @@ def outcome_text(run: HostRun, start: float, user_signal: Optional[int]) -> str:
             f"stopped: {signal.Signals(user_signal).name} from the user"
     else:
         text = "succeeded" if run.exit_code == 0 else "failed"
-    return text + (", killed after the grace period" if run.killed else "")
+    return text + (f", killed {run.killed}" if run.killed else "")
 
 
 def host_report(run: HostRun, start: float, user_signal: Optional[int]) -> dict[str, Any]:
@@ -1004,7 +1006,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     log(f"job {config.job_name}: {len(specs)} host(s) in {config.workdir}, master "
         f"{ADDRESS}:{port}{', through AWS toolkit' if config.toolkit else ''}")
     sim = Simulation(config, specs)
-    sim.run()
+    try:
+        sim.run()
+    except OSError as exc:
+        sys.stderr.write(f"{PROG}: error: cannot start a host: {exc}\n")
+        return 1
+    for run in sim.runs:
+        for armed in run.faults:
+            if armed.fired_at is None:
+                log(f"fault {armed.fault.host}:{armed.fault.name}:{armed.fault.when()} never fired")
     report = job_report(sim)
     _write_json(os.path.join(config.workdir, "summary.json"), report)
     sys.stdout.flush()

@@ -7,8 +7,8 @@ variables, the steps done, the all-reduced sum, and whether it received SIGTERM.
 
 Options (others are accepted and only recorded): ``--steps N`` (default 3; 0 = until stopped),
 ``--step-sleep S`` (default 0.05), ``--fail-rank R --exit-code C`` (rank R exits C after step 1).
-Every rank prints ``step=N`` after each step. SIGTERM is taken by a thread (``sigwait``), so it is
-recorded even while the main thread waits in a collective; the loop then ends with exit code 143.
+Every rank prints ``step=N`` after each step. SIGTERM is recorded by a thread at once, even while
+the main thread waits in a collective; the loop then ends with exit code 143.
 """
 
 import argparse
@@ -57,11 +57,20 @@ class Record:
 
 
 def watch_sigterm(record, stop):
-    """Block SIGTERM in every thread; a helper thread takes it with sigwait and records it."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    """Record SIGTERM at once, even while the main thread waits in a collective.
+
+    Python runs a signal handler in the main thread only, so a wake-up pipe is used: the C-level
+    handler writes the signal number to it in whichever thread takes the signal, and a helper
+    thread reading the pipe records it.
+    """
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    signal.set_wakeup_fd(write_fd)
 
     def wait():
-        signal.sigwait({signal.SIGTERM})
+        while os.read(read_fd, 1) != bytes([signal.SIGTERM]):
+            pass
         record.save(sigterm=True, sigterm_at=time.time())
         stop.set()
 
@@ -94,8 +103,9 @@ def main():
         record.save(steps=step, sum=total)
         if args.fail_rank == rank and step == 1:
             sys.exit(args.exit_code)
-        time.sleep(args.step_sleep)
-    if stop.is_set():
+        stop.wait(args.step_sleep)  # a stop request ends the pause at once
+    if stop.is_set():  # only SIGTERM sets it
+        record.save(sigterm=True)
         os._exit(143)  # peers may be gone: no collective teardown
     if rank == 0:
         with open(os.path.join(os.environ.get("SM_MODEL_DIR", "."), "model.json"), "w") as fh:
