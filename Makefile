@@ -14,6 +14,7 @@ $(STAMP): requirements.txt setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	rm -rf runs/demo
 	$(PY) -m launcher simulate --hosts 2 --nproc-per-node 1 --workdir runs/demo \
 		-- train_scripts/train_digits.py --epochs 30
 
