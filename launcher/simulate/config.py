@@ -1,0 +1,308 @@
+"""simulate's command line: the options, the checks of bad input (exit 2) and the resulting :class:`Config`.
+
+Nothing here writes or starts anything: :func:`build_config` parses and checks, or raises
+:class:`~launcher.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from launcher import bundle
+from launcher.errors import ConfigError
+from launcher.simulate.sagemaker_files import sdk_entries
+
+PROG = "ddp-launcher simulate"
+MAX_HOSTS = 64
+DEFAULT_INSTANCE_TYPE = "ml.m5.xlarge"
+DEFAULT_GRACE_PERIOD = 5.0
+SCRIPT_KEYS = ("train-script", "train_script")
+MAX_HYPERPARAMETERS, MAX_KEY_CHARS, MAX_VALUE_CHARS = 100, 256, 2500  # CreateTrainingJob's limits
+CHANNEL_NAME = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
+JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A signal sent on purpose to one host's launcher, after some time or at a training step."""
+
+    host: str
+    signum: int
+    after: Optional[float] = None
+    step: Optional[int] = None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    def meaning(self) -> str:
+        """What the fault stands for on SageMaker."""
+        return {signal.SIGKILL: "lost instance", signal.SIGTERM: "spot interruption"}.get(
+            self.signum, "signal")
+
+    def when(self) -> str:
+        return f"step={self.step}" if self.step is not None else f"{self.after:g} s"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything simulate decided from its command line, before anything is written or started."""
+
+    hosts: tuple[str, ...]
+    nproc_per_node: Optional[int]
+    instance_type: str
+    channels: Mapping[str, str]  # name -> absolute directory
+    workdir: str
+    job_name: str
+    user_hyperparameters: Mapping[str, Any]  # decoded, with train-script = the script's file name
+    script: str  # absolute path
+    toolkit: Optional[tuple[str, ...]]  # AWS's `train` command, when --toolkit
+    faults: tuple[Fault, ...]
+    grace_period: float
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad option is a one-line :class:`ConfigError` (exit 2, nothing started)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """simulate's options (the script and its hyperparameters come after ``--``)."""
+    p = _Parser(prog=PROG, allow_abbrev=False,
+                description="Run N SageMaker hosts as N launcher processes on this machine.",
+                epilog="then: -- script.py --key value ...  (the estimator's hyperparameters)")
+    p.add_argument("--hosts", type=int, required=True, help=f"number of hosts, 1-{MAX_HOSTS}")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="processes per host (LAUNCHER_NPROC_PER_NODE; default: the launcher's, 1 on CPU)")
+    p.add_argument("--instance-type", default=DEFAULT_INSTANCE_TYPE)
+    p.add_argument("--channel", action="append", default=[], metavar="NAME=DIR",
+                   help="an input channel: input/data/NAME links to DIR")
+    p.add_argument("--workdir", default=None, help="where the hosts' trees go (default ./runs/JOB)")
+    p.add_argument("--job-name", default=None, help="TRAINING_JOB_NAME (default simulate-<time>)")
+    p.add_argument("--hyperparameters", default=None, metavar="JSON",
+                   help="the estimator's hyperparameters as a JSON object")
+    p.add_argument("--toolkit", action="store_true",
+                   help="start each host through AWS's sagemaker-training `train` command")
+    p.add_argument("--fault", action="append", default=[], metavar="HOST:SIGNAL:AFTER",
+                   help="e.g. algo-2:SIGKILL:5 (lost instance), algo-2:SIGTERM:step=3 (spot)")
+    p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_PERIOD,
+                   help="seconds a launcher may take to stop its workers (LAUNCHER_GRACE_PERIOD)")
+    return p
+
+
+def split_at_dashes(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """simulate's own options, and the words after the first ``--``."""
+    words = list(argv)
+    if "--" in words:
+        i = words.index("--")
+        return words[:i], words[i + 1:]
+    return words, []
+
+
+def decode_value(text: str) -> Any:
+    """A command-line value as the user meant it: JSON where it parses, else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _is_key(word: str) -> bool:
+    return (word.startswith("--") and len(word) > 2) or re.match(r"^-[A-Za-z_]", word) is not None
+
+
+def script_hyperparameters(words: Sequence[str]) -> tuple[Optional[str], dict[str, Any]]:
+    """``script.py --epochs 3 --flag`` -> ``("script.py", {"epochs": 3, "flag": True})``."""
+    if not words:
+        return None, {}
+    script, rest = words[0], list(words[1:])
+    if script.startswith("-"):
+        raise ConfigError(f"expected the training script right after '--', found {script!r}")
+    found: dict[str, Any] = {}
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if not _is_key(word):
+            raise ConfigError(f"hyperparameter value {word!r} has no --key before it "
+                              "(hyperparameters are --key value pairs)")
+        key, sep, inline = word.lstrip("-").partition("=")
+        if sep:
+            found[key] = decode_value(inline)
+        elif i + 1 < len(rest) and not _is_key(rest[i + 1]):
+            found[key] = decode_value(rest[i + 1])
+            i += 1
+        else:
+            found[key] = True
+        i += 1
+    return script, found
+
+
+def parse_hyperparameters_json(text: Optional[str]) -> dict[str, Any]:
+    """``--hyperparameters``: a JSON object, or a one-line error naming the bad text."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--hyperparameters is not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--hyperparameters must be a JSON object, found {text!r}")
+    return value
+
+
+def parse_channel(text: str, cwd: str) -> tuple[str, str]:
+    """``train=data/train`` -> ``("train", "/abs/data/train")``; the directory must exist."""
+    name, sep, path = text.partition("=")
+    if not sep or not CHANNEL_NAME.match(name):
+        raise ConfigError(f"--channel must be NAME=DIR with NAME of letters, digits, '.', '-', '_' "
+                          f"(at most 64): {text!r}")
+    full = os.path.abspath(os.path.join(cwd, path))
+    if not os.path.isdir(full):
+        raise ConfigError(f"--channel {name}: directory not found: {path!r}")
+    return name, full
+
+
+def parse_signal(text: str) -> int:
+    """``SIGKILL``, ``KILL``, ``kill`` or ``9`` -> 9."""
+    word = text.strip().upper()
+    if word.isdigit():
+        number = int(word)
+        if number in {s.value for s in signal.Signals}:
+            return number
+        raise ValueError(text)
+    name = word if word.startswith("SIG") else "SIG" + word
+    return int(signal.Signals[name])
+
+
+def parse_fault(text: str, hosts: Sequence[str]) -> Fault:
+    """``algo-2:SIGKILL:5`` or ``algo-2:SIGTERM:step=3``."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise ConfigError(f"--fault must be HOST:SIGNAL:AFTER, e.g. algo-2:SIGKILL:5: {text!r}")
+    host, sig, after = parts
+    if host not in hosts:
+        raise ConfigError(f"--fault {text!r}: no host {host!r} (the hosts are algo-1..algo-{len(hosts)})")
+    try:
+        signum = parse_signal(sig)
+    except (KeyError, ValueError):
+        raise ConfigError(f"--fault {text!r}: unknown signal {sig!r}") from None
+    try:
+        if after.startswith("step="):
+            step = int(after[len("step="):])
+            if step < 0:
+                raise ValueError
+            return Fault(host, signum, step=step)
+        seconds = float(after)
+        if not seconds >= 0:
+            raise ValueError
+        return Fault(host, signum, after=seconds)
+    except ValueError:
+        raise ConfigError(f"--fault {text!r}: AFTER must be seconds >= 0 or step=N: {after!r}") from None
+
+
+def toolkit_command() -> Optional[tuple[str, ...]]:
+    """AWS's ``train`` command (sagemaker_training.cli.train) for this Python, if installed."""
+    if importlib.util.find_spec("sagemaker_training") is None:
+        return None
+    beside = os.path.join(os.path.dirname(sys.executable), "train")
+    if os.access(beside, os.X_OK):
+        return (beside,)
+    return (sys.executable, "-m", "sagemaker_training.cli.train")
+
+
+def default_job_name() -> str:
+    """``simulate-2024-05-01-12-00-00-123``, as the SDK names jobs from a base name."""
+    now = time.time()
+    return f"simulate-{time.strftime('%Y-%m-%d-%H-%M-%S', time.localtime(now))}-{int(now * 1000) % 1000:03d}"
+
+
+def _find_script(script_word: Optional[str], hps: dict[str, Any], cwd: str) -> str:
+    """The training script's absolute path, from ``-- script.py`` or the ``train-script`` value."""
+    named = [hps.pop(k) for k in SCRIPT_KEYS if k in hps]
+    given = script_word if script_word is not None else (named[0] if named else None)
+    if given is None:
+        raise ConfigError("no training script: give it after '--' (-- script.py --key value ...) or "
+                          "as the 'train-script' hyperparameter")
+    if not isinstance(given, str) or not given:
+        raise ConfigError(f"the 'train-script' hyperparameter must be a path, found {given!r}")
+    path = os.path.abspath(os.path.join(cwd, given))
+    if not os.path.isfile(path):
+        raise ConfigError(f"training script not found: {given!r}")
+    if os.path.basename(path) in (bundle.ENTRY_POINT, bundle.HELPER_MODULE):
+        raise ConfigError(f"the training script cannot be named {os.path.basename(path)!r}: the "
+                          "source bundle uses that name")
+    return path
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    if not 1 <= args.hosts <= MAX_HOSTS:
+        raise ConfigError(f"--hosts must be 1-{MAX_HOSTS}: {args.hosts}")
+    if args.nproc_per_node is not None and args.nproc_per_node < 1:
+        raise ConfigError(f"--nproc-per-node must be at least 1: {args.nproc_per_node}")
+    if not args.grace_period > 0:
+        raise ConfigError(f"--grace-period must be > 0 seconds: {args.grace_period:g}")
+    if not args.instance_type.startswith("ml."):
+        raise ConfigError(f"--instance-type must be a SageMaker type like ml.m5.xlarge: "
+                          f"{args.instance_type!r}")
+
+
+def _check_limits(hps: Mapping[str, Any], sagemaker_entries: int) -> None:
+    """CreateTrainingJob refuses more than 100 entries, keys over 256 or values over 2500 chars."""
+    if len(hps) + sagemaker_entries > MAX_HYPERPARAMETERS:
+        raise ConfigError(f"{len(hps)} hyperparameters and the SDK's {sagemaker_entries} exceed "
+                          f"SageMaker's limit of {MAX_HYPERPARAMETERS}")
+    for key, value in hps.items():
+        if not key or len(key) > MAX_KEY_CHARS:
+            raise ConfigError(f"hyperparameter name must be 1-{MAX_KEY_CHARS} characters: {key!r}")
+        if len(json.dumps(value)) > MAX_VALUE_CHARS:
+            raise ConfigError(f"hyperparameter {key!r}: value longer than {MAX_VALUE_CHARS} "
+                              "characters once JSON-encoded")
+
+
+def _workdir(args: argparse.Namespace, job_name: str, cwd: str) -> str:
+    path = os.path.abspath(os.path.join(cwd, args.workdir or os.path.join("runs", job_name)))
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise ConfigError(f"work directory exists and is not empty: {path!r} "
+                          "(give another --workdir or --job-name)")
+    return path
+
+
+def build_config(argv: Sequence[str], cwd: str) -> Config:
+    """Parse and check everything; raises :class:`ConfigError`. Writes and starts nothing."""
+    own, script_words = split_at_dashes(argv)
+    args = build_parser().parse_args(own)
+    _check_counts(args)
+    hosts = tuple(f"algo-{i}" for i in range(1, args.hosts + 1))
+    hps = parse_hyperparameters_json(args.hyperparameters)
+    script_word, from_words = script_hyperparameters(script_words)
+    if script_word is not None:
+        for key in SCRIPT_KEYS:
+            hps.pop(key, None)
+    hps.update(from_words)
+    script = _find_script(script_word, hps, cwd)
+    hps = {"train-script": os.path.basename(script), **hps}
+    _check_limits(hps, len(sdk_entries("", "", "")))
+    channels = dict(parse_channel(text, cwd) for text in args.channel)
+    job_name = args.job_name or default_job_name()
+    if not JOB_NAME.match(job_name):
+        raise ConfigError(f"--job-name must be 1-63 letters, digits and hyphens: {job_name!r}")
+    faults = tuple(parse_fault(text, hosts) for text in args.fault)
+    command = toolkit_command() if args.toolkit else None
+    if args.toolkit and command is None:
+        raise ConfigError(f"--toolkit needs AWS's sagemaker-training package in {sys.executable}: "
+                          "pip install sagemaker-training")
+    return Config(hosts, args.nproc_per_node, args.instance_type, channels,
+                  _workdir(args, job_name, cwd), job_name, hps, script, command, faults,
+                  args.grace_period)

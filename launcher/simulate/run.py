@@ -1,0 +1,254 @@
+"""Running the hosts: start each launcher, stream its output with its name in front, fire the faults,
+forward stop signals, stop the job when a host ends badly, and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, Callable, Optional
+
+from launcher import proctree
+from launcher.simulate.config import Config, Fault
+from launcher.simulate.tree import HostSpec
+
+BACKSTOP_SECONDS = 5.0  # after the grace period: simulate kills a launcher that is still running
+TICK = 0.05
+
+
+def log(message: str) -> None:
+    """One line of simulate's own, on stderr."""
+    sys.stderr.write(f"[simulate] {message}\n")
+    sys.stderr.flush()
+
+
+@dataclass
+class ArmedFault:
+    """A fault waiting to fire; ``due`` is set by the output reader for ``step=N`` faults."""
+
+    fault: Fault
+    due: threading.Event = field(default_factory=threading.Event)
+    fired_at: Optional[float] = None
+    pattern: Optional[re.Pattern] = None
+
+    def __post_init__(self) -> None:
+        if self.fault.step is not None:
+            self.pattern = re.compile(rf"\bstep[=: ]\s*{self.fault.step}\b".encode())
+
+
+@dataclass
+class HostRun:
+    """One started host and what happened to it."""
+
+    spec: HostSpec
+    proc: subprocess.Popen
+    started: float
+    faults: list[ArmedFault]
+    pumps: list[threading.Thread] = field(default_factory=list)
+    ended: Optional[float] = None
+    returncode: Optional[int] = None
+    stopped_by: Optional[str] = None  # why simulate sent it a stop signal
+    stop_sent: Optional[float] = None
+    killed: Optional[str] = None  # why simulate killed its process tree
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """The host's exit code as a shell shows it: 128+N for signal N."""
+        rc = self.returncode
+        return None if rc is None else (128 - rc if rc < 0 else rc)
+
+    def fired(self) -> Optional[ArmedFault]:
+        return next((f for f in self.faults if f.fired_at is not None), None)
+
+
+def pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, lock: threading.Lock,
+         on_line: Callable[[bytes], None]) -> None:
+    """Copy a host's lines to ``sink`` with its name in front, as they come."""
+    for line in iter(source.readline, b""):
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        with lock:
+            try:
+                sink.write(prefix + line)
+                sink.flush()
+            except (OSError, ValueError):
+                pass  # our own output is gone (a closed pipe): keep draining the host's
+        on_line(line)
+    source.close()
+
+
+def _send(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+class Simulation:
+    """Starts the hosts, streams their output, fires faults, stops the job, leaves nothing behind."""
+
+    def __init__(self, config: Config, specs: Sequence[HostSpec]) -> None:
+        self.config = config
+        self.specs = list(specs)
+        self.runs: list[HostRun] = []
+        self.lock = threading.Lock()
+        self.signals: list[int] = []
+        self.user_signal: Optional[int] = None
+        self.start = 0.0
+
+    # -- starting -------------------------------------------------------------------------------
+    def _start_host(self, spec: HostSpec) -> HostRun:
+        proc = subprocess.Popen(spec.argv, cwd=spec.cwd, env=dict(spec.env), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        faults = [ArmedFault(f) for f in self.config.faults if f.host == spec.name]
+        run = HostRun(spec, proc, time.monotonic(), faults)
+        prefix = f"[{spec.name}] ".encode()
+        for source, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
+            thread = threading.Thread(target=pump, args=(source, sink, prefix, self.lock,
+                                                         self._step_watcher(run)), daemon=True)
+            thread.start()
+            run.pumps.append(thread)
+        return run
+
+    @staticmethod
+    def _step_watcher(run: HostRun) -> Callable[[bytes], None]:
+        def watch(line: bytes) -> None:
+            for armed in run.faults:
+                if armed.pattern is not None and not armed.due.is_set() and armed.pattern.search(line):
+                    armed.due.set()
+        return watch
+
+    # -- signals and faults ---------------------------------------------------------------------
+    def _targets(self, run: HostRun) -> list[int]:
+        """The host's launcher: the process itself, or the one AWS's toolkit started."""
+        if not self.config.toolkit:
+            return [run.proc.pid]
+        return proctree.children_of(run.proc.pid)
+
+    def _stop_host(self, run: HostRun, signum: int, reason: str) -> None:
+        targets = self._targets(run) or [run.proc.pid]
+        for pid in targets:
+            _send(pid, signum)
+        run.stopped_by, run.stop_sent = run.stopped_by or reason, time.monotonic()
+
+    def stop_job(self, signum: int, reason: str) -> None:
+        """Send ``signum`` to every host still running that was not told to stop yet."""
+        waiting = [r for r in self.runs if r.ended is None and r.stop_sent is None]
+        if waiting:
+            log(f"{reason}; sending {signal.Signals(signum).name} to "
+                f"{', '.join(r.spec.name for r in waiting)} (grace period {self.config.grace_period:g} s)")
+        for run in waiting:
+            self._stop_host(run, signum, reason)
+
+    def _fire(self, run: HostRun, armed: ArmedFault, now: float) -> bool:
+        fault = armed.fault
+        targets = self._targets(run)
+        if not targets:
+            return False  # the toolkit has not started the launcher yet: try again next tick
+        log(f"fault: {fault.name} to {run.spec.name}'s launcher (pid {', '.join(map(str, targets))}) "
+            f"at {now - self.start:.1f} s: {fault.meaning()}")
+        if fault.signum == signal.SIGKILL and self.config.toolkit:
+            targets.append(run.proc.pid)  # a lost instance takes the toolkit with it
+        for pid in targets:
+            _send(pid, fault.signum)
+        armed.fired_at = now
+        if fault.signum != signal.SIGKILL:
+            run.stopped_by, run.stop_sent = f"{fault.name} by --fault ({fault.meaning()})", now
+        return True
+
+    def _fire_due_faults(self, now: float) -> None:
+        for run in self.runs:
+            if run.ended is not None:
+                continue
+            for armed in run.faults:
+                fault = armed.fault
+                due = armed.due.is_set() if fault.step is not None else \
+                    now - run.started >= (fault.after or 0.0)
+                if armed.fired_at is None and due:
+                    self._fire(run, armed, now)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signals.append(signum)
+
+    def _handle_signals(self) -> None:
+        while self.signals:
+            signum = self.signals.pop(0)
+            name = signal.Signals(signum).name
+            if self.user_signal is None:
+                self.user_signal = signum
+                self.stop_job(signum, f"received {name}")
+            else:
+                log(f"received {name} again: killing every host now")
+                self._kill_all(f"at the second {name}")
+
+    # -- ends -----------------------------------------------------------------------------------
+    def _collect_exits(self, now: float) -> None:
+        for run in self.runs:
+            if run.ended is not None or run.proc.poll() is None:
+                continue
+            run.ended, run.returncode = now, run.proc.returncode
+            failed = run.exit_code != 0 or run.fired() is not None
+            log(f"{run.spec.name} exited with code {run.exit_code} after {now - run.started:.1f} s")
+            if failed:
+                what = "was lost" if run.returncode == -signal.SIGKILL else \
+                    ("was stopped" if run.stopped_by else f"failed (exit code {run.exit_code})")
+                self.stop_job(signal.SIGTERM, f"{run.spec.name} {what}")
+
+    def _enforce_deadlines(self, now: float) -> None:
+        limit = self.config.grace_period + BACKSTOP_SECONDS
+        for run in self.runs:
+            if run.ended is None and run.stop_sent is not None and not run.killed \
+                    and now - run.stop_sent > limit:
+                log(f"{run.spec.name} still runs {limit:g} s after the stop signal: killing it")
+                proctree.kill_tree([run.proc.pid])
+                run.killed = f"still running {limit:g} s after the stop signal"
+
+    def _kill_all(self, why: str) -> None:
+        for run in self.runs:
+            if run.ended is None and not run.killed:
+                proctree.kill_tree([run.proc.pid])
+                run.killed = why
+
+    # -- the whole run ----------------------------------------------------------------------------
+    def run(self) -> None:
+        """Start every host and return when all have ended and nothing of theirs is left."""
+        proctree.become_subreaper()  # orphans of a killed launcher come back to us
+        watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
+        previous = {s: signal.signal(s, self._on_signal)
+                    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            self.start = time.monotonic()
+            for spec in self.specs:
+                self.runs.append(self._start_host(spec))
+                watchdog.guard(self.runs[-1].proc.pid)
+            log(f"started {len(self.runs)} host(s): " +
+                ", ".join(f"{r.spec.name} pid {r.proc.pid}" for r in self.runs))
+            self._loop()
+        finally:  # also when a host could not be started: nothing of the others may stay
+            leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
+            if leftovers:
+                log(f"killed {leftovers} process(es) the hosts left behind")
+            for run in self.runs:
+                for thread in run.pumps:
+                    thread.join(timeout=5)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            watchdog.release()
+            proctree.reap_children()
+
+    def _loop(self) -> None:
+        while any(r.ended is None for r in self.runs):
+            now = time.monotonic()
+            self._handle_signals()
+            self._fire_due_faults(now)
+            self._collect_exits(now)
+            self._enforce_deadlines(now)
+            time.sleep(TICK)
