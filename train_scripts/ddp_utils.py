@@ -9,7 +9,8 @@ What a script gets from here:
   checkpoints to SageMaker's checkpoint directory; plain local paths elsewhere.
 - :func:`fit`: the training loop. A :class:`ResumableSampler` (a ``DistributedSampler``, re-seeded
   every epoch), a checkpoint written atomically by rank 0 after every epoch and on SIGTERM, automatic
-  resume (mid-epoch too), a stop flag all ranks agree on at every step, evaluation on every rank with
+  resume (mid-epoch too), a stop vote at every step (SIGTERM: all ranks stop after the same step,
+  at most two steps later, save and exit 0), evaluation on every rank with
   exact totals (:func:`evaluate`), one ``METRIC`` line per epoch and ``metrics.json``.
 
 Test hooks: with ``DDP_UTILS_PID_DIR`` set every rank writes ``<rank>.pid`` there; with
@@ -32,9 +33,10 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -122,6 +124,8 @@ def start(backend: Optional[str] = None, timeout_minutes: float = 30.0) -> Job:
     backend = backend or ("nccl" if cuda else "gloo")
     if "MASTER_ADDR" in os.environ and "RANK" in os.environ and not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_minutes))
+    if not dist.is_initialized():  # a plain process: a world of one, whatever the environment says
+        rank, world_size = 0, 1
     return Job(rank, local_rank, world_size, device, backend)
 
 
@@ -149,12 +153,48 @@ def stop_agreed(job: Job) -> bool:
     return bool(flag.item() > 0)
 
 
-def all_agree(job: Job, ok: bool) -> bool:
-    """True when ``ok`` on every rank (use it instead of a barrier after work that may fail)."""
-    flag = torch.tensor([0.0 if ok else 1.0], device=job.device)
+class StopVote:
+    """The stop vote of :func:`stop_agreed`, cast at every step without waiting for it.
+
+    ``poll()`` starts this step's all_reduce in the background and returns the result of the
+    previous step's: every rank gets the same answer at the same step, one step late, and the
+    collective overlaps the next step's compute instead of adding a wait to every step.
+    """
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.pending: Optional[tuple[Any, torch.Tensor]] = None
+
+    def poll(self) -> bool:
+        if self.drain():
+            return True  # every rank returns here at the same step: no vote is left in flight
+        flag = torch.tensor([1.0 if _stop_signal else 0.0], device=self.job.device)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True) if self.job.distributed else None
+        self.pending = (work, flag)
+        return False
+
+    def drain(self) -> bool:
+        """Wait for the vote in flight; True if it said stop."""
+        if self.pending is None:
+            return False
+        work, flag = self.pending
+        self.pending = None
+        if work is not None:
+            work.wait()
+        return bool(flag.item() > 0)
+
+
+def first_error(job: Job, error: Optional[str]) -> Optional[str]:
+    """Every rank learns the first rank's error as ``"rank N: ..."``, or None if there was none.
+
+    Use it instead of a barrier after work only some ranks do (a download): the others then fail
+    with the real reason instead of waiting in a collective.
+    """
+    errors: list[Optional[str]] = [error]
     if job.distributed:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item() == 0)
+        errors = [None] * job.world_size
+        dist.all_gather_object(errors, error)
+    return next((f"rank {rank}: {text}" for rank, text in enumerate(errors) if text), None)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -450,6 +490,7 @@ def fit(job: Job, args: argparse.Namespace, model: nn.Module, optimizer: torch.o
     bf16 = getattr(args, "bf16", None)
     channels_last = job.cuda if getattr(args, "channels_last", None) is None else args.channels_last
     model.train()
+    vote = StopVote(job)
     for epoch in range(state["epoch"], args.epochs):
         state["epoch"] = epoch
         train_sampler.set_epoch(epoch, start=state["step"] * args.batch_size)
@@ -472,12 +513,13 @@ def fit(job: Job, args: argparse.Namespace, model: nn.Module, optimizer: torch.o
             if args.print_freq and state["step"] % args.print_freq == 0:
                 job.log(f"epoch {epoch + 1} step {state['step']}/{total_steps} loss {loss.item():.4f}")
             _progress(job, epoch + 1, state["step"], total_steps, loss)
-            if stop_agreed(job):
+            if vote.poll():
                 state["loss_sum"] += float(loss_sum)
                 state["train_time"] += time.perf_counter() - tic
                 checkpoint()
                 return FitResult(state["history"], stopped=True)
         state["train_time"] += time.perf_counter() - tic
+        late_stop = vote.drain()  # the last step's vote: the epoch is complete either way
         totals = torch.tensor([state["loss_sum"] + float(loss_sum), state["samples"]],
                               dtype=torch.float64, device=job.device)
         if job.distributed:
@@ -494,7 +536,7 @@ def fit(job: Job, args: argparse.Namespace, model: nn.Module, optimizer: torch.o
             log(metric_line(record))
             write_metrics(args.output_data_dir, state["history"])
         checkpoint()
-        if stop_agreed(job):
+        if late_stop | stop_agreed(job):  # no short cut: every rank must take part in the vote
             return FitResult(state["history"], stopped=epoch + 1 < args.epochs)
     if os.environ.get(HASH_DIR_ENV):
         os.makedirs(os.environ[HASH_DIR_ENV], exist_ok=True)

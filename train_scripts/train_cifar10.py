@@ -20,7 +20,8 @@ import argparse
 import os
 import pickle
 import sys
-from typing import Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Optional
 
 import ddp_utils
 import numpy as np
@@ -80,19 +81,20 @@ def read_batches(folder: str, names: Sequence[str]) -> tuple[torch.Tensor, torch
 
 def load_cifar10(job: ddp_utils.Job, data_dir: str) -> tuple[torch.Tensor, ...]:
     """Train and test tensors; local rank 0 downloads them first when ``data_dir`` lacks them."""
-    ok = True
+    error = None
     if find_batches(data_dir) is None and job.local_rank == 0:
         try:
             import torchvision
 
             for train in (True, False):
                 torchvision.datasets.CIFAR10(root=data_dir, train=train, download=True)
-        except Exception as exc:  # no internet, read-only channel...: every rank must learn of it
-            print(f"rank {job.rank}: CIFAR-10 download failed: {type(exc).__name__}: {exc}", flush=True)
-            ok = False
-    if not ddp_utils.all_agree(job, ok) or (folder := find_batches(data_dir)) is None:
+        except Exception as exc:  # no internet, a read-only channel...: every rank must learn of it
+            error = f"{type(exc).__name__}: {exc}"
+    error = ddp_utils.first_error(job, error)
+    folder = find_batches(data_dir)
+    if error or folder is None:
         raise FileNotFoundError(f"CIFAR-10 ({BATCHES_DIR}/data_batch_1..5, test_batch) is not in "
-                                f"{data_dir!r} and could not be downloaded there")
+                                f"{data_dir!r} and could not be downloaded there ({error})")
     return (*read_batches(folder, TRAIN_FILES), *read_batches(folder, TEST_FILES))
 
 

@@ -1,0 +1,454 @@
+"""The training scripts and ``ddp_utils``, run as real processes (gloo on CPU, 127.0.0.1 only).
+
+Every test that starts processes records the launcher's PID and every worker's (``ddp_utils``
+writes ``<rank>.pid`` into ``DDP_UTILS_PID_DIR``) and proves with ``assert_gone`` that none is left.
+Data is made on disk by the tests (a fake CIFAR-10 in torchvision's pickle format, a tiny
+ImageFolder of PNGs) or comes with scikit-learn: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import PYTHON, TRAIN_SCRIPTS, assert_gone, launcher_env
+
+sys.path.insert(0, TRAIN_SCRIPTS)
+import ddp_utils  # noqa: E402
+import train_cifar10  # noqa: E402
+import train_digits  # noqa: E402
+import train_resnet  # noqa: E402
+
+CIFAR = os.path.join(TRAIN_SCRIPTS, "train_cifar10.py")
+RESNET = os.path.join(TRAIN_SCRIPTS, "train_resnet.py")
+DIGITS = os.path.join(TRAIN_SCRIPTS, "train_digits.py")
+RUN_TIMEOUT = 240.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Running jobs
+# ------------------------------------------------------------------------------------------------
+
+class Run:
+    """A launcher (or ``launcher simulate``) started by the test; its output is read as it comes."""
+
+    def __init__(self, argv: list[str], tmp: Path, env: Optional[dict[str, str]] = None) -> None:
+        self.pid_dir = tmp / "pids"
+        self.hash_dir = tmp / "hashes"
+        full_env = launcher_env(DDP_UTILS_PID_DIR=str(self.pid_dir), DDP_UTILS_HASH_DIR=str(self.hash_dir),
+                                **(env or {}))
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, cwd=str(tmp), env=full_env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [threading.Thread(target=self._read, args=(s, k), daemon=True)
+                        for s, k in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for reader in self.readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: Any, lines: list[str]) -> None:
+        for raw in iter(stream.readline, b""):
+            lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    @property
+    def stdout(self) -> str:
+        return "\n".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.err)
+
+    def wait_for(self, text: str, timeout: float = RUN_TIMEOUT) -> None:
+        """Block until a line of stdout contains ``text``."""
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in list(self.out)):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                if self.proc.poll() is None:
+                    self.proc.send_signal(signal.SIGKILL)  # its watchdog kills the tree
+                self.finish(timeout=30)
+                pytest.fail(f"never saw {text!r}; output:\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}")
+            time.sleep(0.02)
+
+    def finish(self, timeout: float = RUN_TIMEOUT) -> int:
+        """Wait for the end (killing it on a timeout); then prove that no process is left."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGKILL)  # its watchdog kills the tree
+            self.proc.wait()
+            code = None
+        for reader in self.readers:
+            reader.join(timeout=10)
+        assert_gone(self.pids())
+        if code is None:
+            pytest.fail(f"still running after {timeout} s:\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}")
+        return code
+
+    def pids(self) -> list[int]:
+        workers = [int(p.read_text()) for p in self.pid_dir.glob("*.pid")] if self.pid_dir.exists() else []
+        return [self.proc.pid, *workers]
+
+    def hashes(self) -> dict[int, str]:
+        return {int(p.stem): p.read_text() for p in self.hash_dir.glob("*.sha256")}
+
+
+def launch(tmp: Path, script: str, args: list[str], env: Optional[dict[str, str]] = None) -> Run:
+    """``python -m launcher --nproc-per-node 2 script args`` (one host)."""
+    tmp.mkdir(exist_ok=True)
+    return Run([PYTHON, "-m", "launcher", "--nproc-per-node", "2", script, *args], tmp, env)
+
+
+def simulate(tmp: Path, script: str, args: list[str], channels: dict[str, Path]) -> tuple[Run, Path]:
+    """A 2-host SageMaker job (1 process per host) with ``launcher simulate``; returns the run and its dir."""
+    workdir = tmp / "sim"
+    channel_args = [w for name, path in channels.items() for w in ("--channel", f"{name}={path}")]
+    run = Run([PYTHON, "-m", "launcher", "simulate", "--hosts", "2", "--nproc-per-node", "1",
+               "--workdir", str(workdir), *channel_args, "--", script, *args], tmp)
+    return run, workdir
+
+
+def finish_simulation(run: Run, workdir: Path) -> dict[str, Any]:
+    """Wait for a simulated job; check it succeeded; include the host launchers in ``assert_gone``."""
+    code = run.finish()
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert_gone([h["pid"] for h in summary["hosts"]])
+    assert code == 0, f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
+    assert [h["exit_code"] for h in summary["hosts"]] == [0, 0]
+    assert summary["hosts"][1]["model_files"] == []  # only rank 0 (on algo-1) writes the model
+    return summary
+
+
+def metric_values(text: str) -> dict[str, list[float]]:
+    """Every value of every metric in a log, found with the regexes SageMaker would use."""
+    return {d["Name"]: [float(v) for v in re.findall(d["Regex"], text)] for d in ddp_utils.METRIC_DEFINITIONS}
+
+
+def check_history(history: list[dict[str, Any]], epochs: int) -> None:
+    assert [r["epoch"] for r in history] == list(range(1, epochs + 1))
+    for record in history:
+        assert 0.0 <= record["val_accuracy"] <= 1.0 and record["train_loss"] > 0 and record["images_per_sec"] > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Data made by the tests
+# ------------------------------------------------------------------------------------------------
+
+def make_fake_cifar10(root: Path, per_batch: int = 24, test: int = 31) -> Path:
+    """A small CIFAR-10 in torchvision's layout: ``cifar-10-batches-py/data_batch_1..5``, ``test_batch``."""
+    folder = root / train_cifar10.BATCHES_DIR
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name, count in [*((n, per_batch) for n in train_cifar10.TRAIN_FILES), ("test_batch", test)]:
+        labels = rng.integers(0, 10, count)
+        data = rng.integers(0, 256, (count, 3 * 32 * 32), dtype=np.uint8)
+        data[:, :1024] = (labels * 25)[:, None].astype(np.uint8)  # the red channel tells the class
+        with open(folder / name, "wb") as fh:
+            pickle.dump({"batch_label": name, "labels": labels.tolist(), "data": data,
+                         "filenames": [f"{i}.png" for i in range(count)]}, fh)
+    with open(folder / "batches.meta", "wb") as fh:
+        pickle.dump({"label_names": list(train_cifar10.CLASSES), "num_cases_per_batch": per_batch}, fh)
+    return root
+
+
+def make_image_folder(root: Path, per_class: int = 12, val_per_class: int = 5, size: int = 32) -> Path:
+    """``train/<class>/*.png`` and ``val/<class>/*.png`` for two classes told apart by colour."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", per_class), ("val", val_per_class)):
+        for index, cls in enumerate(("ants", "bees")):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 128, (size, size, 3), dtype=np.uint8)
+                pixels[..., index] += 120
+                Image.fromarray(pixels).save(root / split / cls / f"{i}.png")
+    return root
+
+
+# ------------------------------------------------------------------------------------------------
+# Unit tests: flags, metric lines, checkpoints
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,value", [("True", True), ("true", True), ("1", True), ("yes", True),
+                                        ("False", False), ("false", False), ("0", False), ("no", False)])
+def test_str2bool(text: str, value: bool) -> None:
+    assert ddp_utils.str2bool(text) is value
+
+
+def test_boolean_flags_false_really_is_false() -> None:
+    parsers = {"cifar": train_cifar10.build_parser(), "resnet": train_resnet.build_parser(),
+               "digits": train_digits.build_parser()}
+    for name, parser in parsers.items():
+        assert all(action.type is not bool for action in parser._actions), name
+        args = parser.parse_args(["--scale-lr", "False", "--resume", "false", "--bf16", "0"])
+        assert (args.scale_lr, args.resume, args.bf16) == (False, False, False), name
+        args = parser.parse_args(["--scale-lr", "True", "--resume", "1", "--channels-last", "auto"])
+        assert (args.scale_lr, args.resume, args.channels_last) == (True, True, None), name
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--scale-lr", "maybe"])
+    assert parsers["cifar"].parse_args(["--augment", "False"]).augment is False
+    assert parsers["resnet"].parse_args(["--pretrained-download", "False"]).pretrained_download is False
+    assert parsers["resnet"].parse_args(["--pretrained-download", "True"]).pretrained_download is True
+    assert parsers["digits"].parse_args(["--plot", "False"]).plot is False
+    # The seed's command line still works, --output-dir being where the model goes.
+    args = parsers["cifar"].parse_args(["--data-dir", "d", "--epochs", "2", "--batch-size", "8", "--workers",
+                                        "0", "--learning-rate", "0.01", "--momentum", "0.5", "--output-dir",
+                                        "o", "--print-freq", "5", "--backend", "gloo", "--timeout", "5"])
+    assert (args.model_dir, args.batch_size, args.learning_rate, args.timeout) == ("o", 8, 0.01, 5)
+
+
+def test_metric_lines_match_the_metric_definitions() -> None:
+    record = {"epoch": 3, "train_loss": 0.12344, "val_loss": 0.2, "val_accuracy": 0.97123,
+              "images_per_sec": 1234.56, "lr": 0.1}
+    line = ddp_utils.metric_line(record)
+    assert line == "METRIC epoch=3 train_loss=0.1234 val_loss=0.2000 val_accuracy=0.9712 images_per_sec=1234.6"
+    found = metric_values(f"[rank0]:{line}\n[rank0]:other 1.0 text\n")
+    assert found == {"epoch": [3.0], "train_loss": [0.1234], "val_loss": [0.2], "val_accuracy": [0.9712],
+                     "images_per_sec": [1234.6]}
+    assert [d["Name"] for d in ddp_utils.METRIC_DEFINITIONS] == list(ddp_utils.METRIC_NAMES)
+
+
+def test_a_half_written_checkpoint_never_replaces_a_good_one(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    good = ddp_utils.save_checkpoint(str(directory), {"epoch": 1, "step": 0, "model": {"w": torch.ones(4)}})
+    good_bytes = Path(good).read_bytes()
+    # A real crash in the middle of the write: the kernel kills the writer (SIGXFSZ) at 64 KiB.
+    code = (f"import resource, signal, sys, torch\nsys.path.insert(0, {TRAIN_SCRIPTS!r})\nimport ddp_utils\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n"
+            "resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))\n"
+            f"ddp_utils.save_checkpoint({str(directory)!r}, "
+            "{'epoch': 2, 'step': 0, 'model': {'w': torch.zeros(1_000_000)}})\n")
+    proc = subprocess.Popen([PYTHON, "-c", code], env=launcher_env(PYTHONDONTWRITEBYTECODE="1"))
+    assert proc.wait(timeout=120) == -signal.SIGXFSZ
+    assert_gone([proc.pid])
+    leftovers = list(directory.glob(".tmp-*"))
+    assert len(leftovers) == 1 and leftovers[0].stat().st_size == 65536  # the half-written file
+    assert ddp_utils.list_checkpoints(str(directory)) == [good]
+    assert Path(good).read_bytes() == good_bytes
+    path, state = ddp_utils.load_latest_checkpoint(str(directory))
+    assert (path, state["epoch"]) == (good, 1)
+    # A truncated file under a checkpoint's name (say, a partial copy) is skipped, not trusted.
+    (directory / "checkpoint-e0003-s0000000.pt").write_bytes(leftovers[0].read_bytes())
+    path, state = ddp_utils.load_latest_checkpoint(str(directory))
+    assert (path, state["epoch"]) == (good, 1)
+    # The next save works and cleans up what the crashed writer left.
+    newest = ddp_utils.save_checkpoint(str(directory), {"epoch": 4, "step": 0, "model": {"w": torch.ones(4)}})
+    assert ddp_utils.load_latest_checkpoint(str(directory))[1]["epoch"] == 4
+    assert not list(directory.glob(".tmp-*")) and newest in ddp_utils.list_checkpoints(str(directory))
+
+
+def test_checkpoint_dir_follows_sagemaker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(tmp_path))
+    assert ddp_utils.sagemaker_checkpoint_dir() == str(tmp_path / "checkpoints")
+    (tmp_path / "input" / "config").mkdir(parents=True)
+    (tmp_path / "input" / "config" / "checkpointconfig.json").write_text(
+        json.dumps({"LocalPath": str(tmp_path / "ck"), "S3Uri": "s3://b/k"}))
+    assert ddp_utils.sagemaker_checkpoint_dir() == str(tmp_path / "ck")
+    args = ddp_utils.resolve_paths(train_digits.build_parser().parse_args(["--checkpoint-dir", "mine"]))
+    assert args.checkpoint_dir == "mine"
+
+
+def test_resnet_starts_from_a_local_weights_file(tmp_path: Path) -> None:
+    import torchvision
+
+    job = ddp_utils.Job(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    imagenet = torchvision.models.resnet18(num_classes=1000)  # an ImageNet-shaped file, as torchvision's
+    torch.save(imagenet.state_dict(), tmp_path / "resnet18.pth")
+    model = train_resnet.build_model(job, 2, str(tmp_path / "resnet18.pth"), download=False)
+    assert model.fc.out_features == 2  # the 1000-class classifier was left out, the rest loaded
+    assert torch.equal(model.conv1.weight, imagenet.conv1.weight)
+    assert torch.equal(model.layer4[1].bn2.running_var, imagenet.layer4[1].bn2.running_var)
+    torch.save(model.state_dict(), tmp_path / "ours.pt")  # our own saved model loads whole
+    again = train_resnet.build_model(job, 2, str(tmp_path / "ours.pt"), download=False)
+    assert ddp_utils.state_hash(again) == ddp_utils.state_hash(model)
+    torch.save({"something": torch.zeros(3)}, tmp_path / "other.pt")
+    with pytest.raises(SystemExit, match="not ResNet-18 weights"):
+        train_resnet.build_model(job, 2, str(tmp_path / "other.pt"), download=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# Distributed evaluation: exact totals
+# ------------------------------------------------------------------------------------------------
+
+EVAL_SCRIPT = """
+import json, sys, torch
+import ddp_utils
+from torch.utils.data import DataLoader, Subset, TensorDataset
+
+job = ddp_utils.start(timeout_minutes=2)
+torch.manual_seed(0)
+n = 101  # not divisible by the world size
+x, y = torch.randn(n, 8), torch.randint(0, 3, (n,))
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+share = ddp_utils.shard(job, n)
+index = torch.tensor(share)
+tensors = ddp_utils.evaluate(job, ddp_utils.wrap(job, model), [(x[index], y[index])])
+loader = ddp_utils.evaluate(job, model, DataLoader(Subset(TensorDataset(x, y), share), batch_size=7))
+with open(f"{sys.argv[1]}/{job.rank}.json", "w") as fh:
+    json.dump({"world": job.world_size, "share": list(share), "tensors": tensors, "loader": loader}, fh)
+if job.is_main:
+    torch.save({"model": model.state_dict(), "x": x, "y": y}, f"{sys.argv[1]}/data.pt")
+ddp_utils.shutdown()
+"""
+
+
+def test_distributed_evaluation_equals_one_process(tmp_path: Path) -> None:
+    script = tmp_path / "eval_check.py"
+    script.write_text(EVAL_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    run = launch(tmp_path, str(script), [str(out)],
+                 {"PYTHONPATH": TRAIN_SCRIPTS + os.pathsep + launcher_env()["PYTHONPATH"]})
+    assert run.finish() == 0, run.stdout + run.stderr
+    saved = torch.load(out / "data.pt", weights_only=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    model.load_state_dict(saved["model"])
+    with torch.no_grad():  # one process, the whole data set, one batch
+        logits = model(saved["x"])
+    correct = int((logits.argmax(1) == saved["y"]).sum())
+    loss = float(F.cross_entropy(logits, saved["y"]))
+    results = [json.loads((out / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["world"] for r in results] == [2, 2]
+    assert sorted(results[0]["share"] + results[1]["share"]) == list(range(101))  # no padding, no overlap
+    assert 0 < correct < 101
+    for result in results:
+        for way in ("tensors", "loader"):
+            assert (result[way]["val_count"], result[way]["val_correct"]) == (101, correct)
+            assert result[way]["val_accuracy"] == correct / 101
+            assert result[way]["val_loss"] == pytest.approx(loss, rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# The scripts, end to end
+# ------------------------------------------------------------------------------------------------
+
+def test_cifar10_two_hosts_fake_dataset(tmp_path: Path) -> None:
+    data = make_fake_cifar10(tmp_path / "cifar")
+    run, workdir = simulate(tmp_path, CIFAR, ["--epochs", "2", "--batch-size", "16", "--timeout", "2"],
+                            {"train": data})
+    finish_simulation(run, workdir)
+    found = metric_values(run.stdout)
+    assert found["epoch"] == [1.0, 2.0] and len(found["val_accuracy"]) == 2
+    assert "training and 31 test images" in run.stdout and "120 training" in run.stdout
+    history = json.loads((workdir / "algo-1" / "output" / "data" / "metrics.json").read_text())
+    check_history(history, 2)
+    assert history[-1]["val_count"] == 31
+    model = train_cifar10.Net()
+    model.load_state_dict(torch.load(workdir / "algo-1" / "model" / "cifar_net.pt", weights_only=True))
+    hashes = run.hashes()
+    assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1] == ddp_utils.state_hash(model)
+    assert ddp_utils.list_checkpoints(str(workdir / "algo-1" / "checkpoints"))
+
+
+def test_resnet_two_hosts_image_folder(tmp_path: Path) -> None:
+    data = make_image_folder(tmp_path / "hymenoptera")
+    run, workdir = simulate(tmp_path, RESNET, ["--epochs", "2", "--batch-size", "4", "--image-size", "32",
+                                               "--workers", "0", "--timeout", "2"],
+                            {"train": data / "train", "val": data / "val"})
+    finish_simulation(run, workdir)
+    assert "classes ['ants', 'bees']: 24 training and 10 validation images" in run.stdout
+    check_history(json.loads((workdir / "algo-1" / "output" / "data" / "metrics.json").read_text()), 2)
+    import torchvision
+
+    model = torchvision.models.resnet18(num_classes=2)
+    model.load_state_dict(torch.load(workdir / "algo-1" / "model" / "model.pt", weights_only=True))
+    assert json.loads((workdir / "algo-1" / "model" / "classes.json").read_text()) == ["ants", "bees"]
+    hashes = run.hashes()  # parameters and BatchNorm buffers
+    assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1] == ddp_utils.state_hash(model)
+
+
+def test_digits_demo_two_hosts_reaches_95_percent(tmp_path: Path) -> None:
+    run, workdir = simulate(tmp_path, DIGITS, ["--timeout", "2"], {})
+    finish_simulation(run, workdir)
+    history = json.loads((workdir / "algo-1" / "output" / "data" / "metrics.json").read_text())
+    check_history(history, 30)
+    assert history[-1]["val_accuracy"] >= 0.95 and history[-1]["val_count"] == 360
+    assert sum(r["train_seconds"] for r in history) < 120
+    assert metric_values(run.stdout)["val_accuracy"][-1] == round(history[-1]["val_accuracy"], 4)
+    png = workdir / "algo-1" / "output" / "data" / "training_curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    model = train_digits.Net()
+    model.load_state_dict(torch.load(workdir / "algo-1" / "model" / "model.pt", weights_only=True))
+    x_train, y_train, x_test, y_test = train_digits.load_split()
+    with torch.no_grad():
+        model.eval()
+        correct = int((model(x_test).argmax(1) == y_test).sum())
+    assert (correct, correct / 360) == (history[-1]["val_correct"], history[-1]["val_accuracy"])
+    hashes = run.hashes()
+    assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1] == ddp_utils.state_hash(model)
+
+
+def test_digits_as_a_plain_process_with_sagemaker_variables(tmp_path: Path) -> None:
+    """No torchrun (world size 1), SM_* paths, checkpointconfig.json's LocalPath, ``--plot False``."""
+    base = tmp_path / "opt_ml"
+    (base / "input" / "config").mkdir(parents=True)
+    (base / "input" / "config" / "checkpointconfig.json").write_text(json.dumps({"LocalPath": str(tmp_path / "ck")}))
+    env = {"SAGEMAKER_BASE_DIR": str(base), "SM_MODEL_DIR": str(base / "model"),
+           "SM_OUTPUT_DATA_DIR": str(base / "output" / "data")}
+    run = Run([PYTHON, DIGITS, "--epochs", "2", "--plot", "False"], tmp_path, env)
+    assert run.finish() == 0, run.stdout + run.stderr
+    assert "world size 1" in run.stdout
+    assert (base / "model" / "model.pt").is_file()
+    check_history(json.loads((base / "output" / "data" / "metrics.json").read_text()), 2)
+    assert not (base / "output" / "data" / "training_curves.png").exists()  # False was false
+    assert [os.path.basename(p) for p in ddp_utils.list_checkpoints(str(tmp_path / "ck"))] == [
+        "checkpoint-e0001-s0000000.pt", "checkpoint-e0002-s0000000.pt"]
+
+
+def test_sigterm_checkpoints_and_the_next_run_resumes(tmp_path: Path) -> None:
+    out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
+    args = ["--synthetic", "960", "--epochs", "3", "--batch-size", "16", "--output-dir", str(out),
+            "--checkpoint-dir", str(checkpoints), "--timeout", "2", "--print-freq", "5"]
+    first = launch(tmp_path / "first", CIFAR, args)
+    first.wait_for("METRIC epoch=1 ")
+    first.wait_for("epoch 2 step 5/30 ")  # 30 steps of 16 images per process and epoch
+    first.proc.send_signal(signal.SIGTERM)  # the launcher forwards it to the workers
+    stopped_at = time.monotonic()
+    assert first.finish() == 0, first.stdout + first.stderr
+    assert time.monotonic() - stopped_at < 60
+    assert "received SIGTERM: finishing this step" in first.stderr
+    assert "stopped by a signal" in first.stdout and "METRIC epoch=2" not in first.stdout
+    path, state = ddp_utils.load_latest_checkpoint(str(checkpoints))
+    assert state["epoch"] == 1 and 5 <= state["step"] < 30, path  # in the middle of the 2nd epoch
+    assert not (out / "cifar_net.pt").exists()
+
+    second = launch(tmp_path / "second", CIFAR, args)
+    assert second.finish() == 0, second.stdout + second.stderr
+    assert f"epoch 2 of 3, step {state['step']}" in second.stdout
+    assert metric_values(second.stdout)["epoch"] == [2.0, 3.0]
+    check_history(json.loads((out / "metrics.json").read_text()), 3)
+    assert (out / "cifar_net.pt").is_file()
+
+
+def test_a_failed_download_on_rank_0_stops_every_rank(tmp_path: Path) -> None:
+    """The ranks waiting for rank 0's download learn that it failed instead of hanging.
+
+    The data dir is a file, so torchvision's download fails at ``os.makedirs``, before any network use.
+    """
+    not_a_dir = tmp_path / "data"
+    not_a_dir.write_text("not a directory")
+    run = launch(tmp_path / "job", CIFAR, ["--data-dir", str(not_a_dir), "--timeout", "2",
+                                           "--checkpoint-dir", str(tmp_path / "ck")])
+    code = run.finish(timeout=120)
+    assert code == 1, run.stdout + run.stderr
+    # Every rank fails with rank 0's reason: the root cause in the launcher's report says what went wrong.
+    for rank in (0, 1):
+        assert re.search(rf"\[rank{rank}\]:.*FileNotFoundError: .* could not be downloaded there "
+                         r"\(rank 0: FileExistsError: ", run.stderr), run.stderr[-3000:]
+    assert time.monotonic() - run.started < 100  # not a collective timeout
