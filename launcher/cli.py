@@ -28,12 +28,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from launcher import hyperparameters
 from launcher.cluster import Cluster
@@ -51,8 +48,7 @@ def log(message: str) -> None:
     sys.stderr.flush()
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """Everything decided before anything starts."""
 
     invocation: Invocation
@@ -89,7 +85,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     invocation = parse_invocation(_repair_argv(argv, environ, notes), environ)
     cluster = resolve_cluster(environ, invocation.options.nproc_per_node)
     _check_script(invocation.script)
-    run_dir = run_dir or os.path.join(tempfile.gettempdir(), f"{PROG}-{os.getpid()}")
+    run_dir = run_dir or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{PROG}-{os.getpid()}")
     launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
                           environ, run_dir)
     return Plan(invocation, cluster, launch, tuple(notes) + launch.notes)
@@ -142,6 +138,8 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             log("stopped by a signal; every worker finished cleanly")
         return code
     finally:
+        import shutil  # only at the end
+
         shutil.rmtree(p.launch.run_dir, ignore_errors=True)
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 
-@dataclass(frozen=True)
-class Cluster:
+class Cluster(NamedTuple):
     """What one host knows about the job's cluster.
 
     ``hosts`` is in rank order (the same on every host), so ``hosts[0]`` is the master and
@@ -26,11 +24,11 @@ class Cluster:
     instance_type: Optional[str] = None
     base_dir: Optional[str] = None
     job_name: Optional[str] = None
-    evidence: tuple[str, ...] = field(default=(), compare=False)
+    evidence: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (used by ``--dry-run --json``)."""
-        data = asdict(self)
+        data = self._asdict()
         data["hosts"] = list(self.hosts)
         data["evidence"] = list(self.evidence)
         return data

@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from launcher.cluster import Cluster
 from launcher.options import Options
@@ -20,8 +19,7 @@ from launcher.platforms.devices import has_efa
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     """What would be started: argv, the environment changes, and where torchrun leaves its files."""
 
     argv: tuple[str, ...]
@@ -29,7 +27,7 @@ class Launch:
     run_dir: str
     error_file: str
     log_dir: str
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` with the changes applied: the environment torchrun gets."""

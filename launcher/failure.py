@@ -12,14 +12,12 @@ torchrun exits 1 whatever happened. The facts are elsewhere:
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from launcher.cluster import Cluster
 from launcher.command import Launch
@@ -32,8 +30,7 @@ _EXITCODE = re.compile(r"(-?\d+) \(pid: (\d+)\)")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b.*)$")
 
 
-@dataclass(frozen=True)
-class RootCause:
+class RootCause(NamedTuple):
     """The first worker that failed on this host, or torchrun itself (``rank`` None)."""
 
     rank: Optional[int]
@@ -90,6 +87,8 @@ def read_error_file(path: Optional[str]) -> Optional[dict[str, Any]]:
 
 def worker_stderr(log_dir: str, local_rank: int) -> str:
     """The newest attempt's stderr log of one local rank, as torchrun's ``--log-dir`` keeps it."""
+    import glob  # only after a failure
+
     paths = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), "stderr.log"))
     if not paths:
         return ""

@@ -22,8 +22,7 @@ optional ``True/False/true/false/1/0`` after them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from launcher.errors import ConfigError
 
@@ -81,8 +80,7 @@ def parse_resolve(text: str) -> dict[str, str]:
     return mapping
 
 
-@dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):
     """One launcher option: its name, how its text becomes a value, and what it means."""
 
     name: str
@@ -122,8 +120,7 @@ SPECS: tuple[Spec, ...] = (
 _BY_FLAG = {flag: spec for spec in SPECS for flag in spec.flags}
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(NamedTuple):
     """The launcher's options after parsing (see :data:`SPECS` for their meaning)."""
 
     train_script: Optional[str]
@@ -137,8 +134,7 @@ class Options:
     json: bool
 
 
-@dataclass(frozen=True)
-class Invocation:
+class Invocation(NamedTuple):
     """The parsed command line: the launcher's options, the script and the script's arguments."""
 
     options: Options

@@ -20,9 +20,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import IO, Callable, Optional
+from collections.abc import Mapping, Sequence
+from typing import IO, Callable, NamedTuple, Optional
 
 from launcher import proctree
 from launcher.command import Launch
@@ -31,15 +30,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STDERR_TAIL_LINES = 400
 
 
-@dataclass
-class Outcome:
+class Outcome(NamedTuple):
     """How torchrun ended, as the launcher saw it."""
 
     returncode: int  # torchrun's; negative: killed by that signal
     pid: int
     stop_signal: Optional[int] = None  # the first stop signal the launcher received
     killed_after_grace: bool = False
-    stderr_tail: list[str] = field(default_factory=list)
+    stderr_tail: Sequence[str] = ()
 
 
 def _pump(source: IO[bytes], sink: IO[bytes], tail: Optional[collections.deque[bytes]]) -> None:

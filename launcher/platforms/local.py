@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import socket
+import os
 from typing import Optional
 
 from launcher.cluster import Cluster
@@ -24,7 +24,7 @@ def resolve(requested_nproc: Optional[int] = None, dev_dir: str = "/dev") -> Clu
         nnodes=1,
         node_rank=0,
         nproc_per_node=nproc,
-        current_host=socket.gethostname(),
+        current_host=os.uname().nodename,
         master_addr=None,
         evidence=("no cluster manager found (no SageMaker files or SM_* variables)", why),
     )
