@@ -1,0 +1,22 @@
+"""Run every benchmark one after the other (they share the machine's cores, so never in parallel).
+
+    .venv/bin/python bench/run_all.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCHMARKS = (
+    ["bench_launcher.py", "--pairs", "9"],
+    ["bench_simulate.py", "--pairs", "7"],
+    ["bench_train_throughput.py", "--rounds", "5", "--variants"],
+)
+
+if __name__ == "__main__":
+    for name, *args in BENCHMARKS:
+        print(f"\n## {name} {' '.join(args)}", flush=True)
+        subprocess.run([sys.executable, os.path.join(HERE, name), *args], check=True)
