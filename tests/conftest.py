@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable
+from typing import IO, Optional
 
 import pytest
 
@@ -53,3 +56,52 @@ def launcher_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env
+
+
+class LiveProcess:
+    """A process started by a test, its stdout and stderr read line by line as they come.
+
+    Subclasses say how to end it when a test gives up on it (:meth:`abort`).
+    """
+
+    def __init__(self, argv: list[str], cwd: str, env: Optional[dict[str, str]] = None) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, cwd=str(cwd), env=env if env is not None else launcher_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [threading.Thread(target=self._read, args=(stream, lines), daemon=True)
+                        for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for reader in self.readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: IO[bytes], lines: list[str]) -> None:
+        for raw in iter(stream.readline, b""):
+            lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    @property
+    def stdout(self) -> str:
+        return "\n".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.err)
+
+    def abort(self) -> None:
+        """End the process tree after a test gave up on it."""
+        raise NotImplementedError
+
+    def wait_for(self, text: str, timeout: float = 90.0) -> None:
+        """Block until a line of stdout contains ``text``; abort and fail if it never comes."""
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in list(self.out)):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                if self.proc.poll() is None:
+                    self.abort()
+                pytest.fail(f"never saw {text!r}; output:\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}")
+            time.sleep(0.02)
+
+    def join_readers(self) -> None:
+        for reader in self.readers:
+            reader.join(timeout=10)

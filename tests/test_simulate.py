@@ -12,12 +12,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from typing import Any, Optional
 
 import pytest
-from conftest import PYTHON, REPO, assert_gone, launcher_env
+from conftest import PYTHON, REPO, LiveProcess, assert_gone, launcher_env
 
 from launcher import hyperparameters, proctree, simulate
 
@@ -43,54 +42,26 @@ print(json.dumps(EstimatorBase._json_encode_hyperparameters(json.load(sys.stdin)
 """
 
 
-class Simulate:
+class Simulate(LiveProcess):
     """``python -m launcher simulate`` as a child of the test, its output read as it comes."""
 
     def __init__(self, args: list[str], cwd: str) -> None:
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen([PYTHON, "-m", "launcher", "simulate", *args], cwd=cwd,
-                                     env=launcher_env(), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self.readers = [threading.Thread(target=self._read, args=(s, k), daemon=True)
-                        for s, k in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-        for reader in self.readers:
-            reader.start()
-
-    @staticmethod
-    def _read(stream: Any, lines: list[str]) -> None:
-        for raw in iter(stream.readline, b""):
-            lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
-
-    def wait_for(self, text: str, timeout: float = 90.0) -> None:
-        """Block until a line of stdout contains ``text``."""
-        deadline = time.monotonic() + timeout
-        while not any(text in line for line in list(self.out)):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                pytest.fail(f"never saw {text!r}; stderr:\n" + "\n".join(self.err[-40:]))
-            time.sleep(0.05)
+        super().__init__([PYTHON, "-m", "launcher", "simulate", *args], cwd)
 
     def finish(self, timeout: float = RUN_TIMEOUT) -> int:
         """Wait for the end; kill the whole tree and fail if it takes too long."""
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.kill()
+            self.abort()
             pytest.fail(f"simulate ran over {timeout} s; stderr:\n" + "\n".join(self.err[-40:]))
-        for reader in self.readers:
-            reader.join(timeout=10)
+        self.join_readers()
         self.duration = time.monotonic() - self.started
         return code
 
-    def kill(self) -> None:
+    def abort(self) -> None:
         proctree.kill_tree([self.proc.pid])
         self.proc.wait()
-
-    @property
-    def stderr(self) -> str:
-        return "\n".join(self.err)
 
 
 def run(args: list[str], cwd: str) -> tuple[Simulate, int]:

@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -24,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import PYTHON, TRAIN_SCRIPTS, assert_gone, launcher_env
+from conftest import PYTHON, TRAIN_SCRIPTS, LiveProcess, assert_gone, launcher_env
 
 sys.path.insert(0, TRAIN_SCRIPTS)
 import ddp_utils  # noqa: E402
@@ -42,47 +41,18 @@ RUN_TIMEOUT = 240.0
 # Running jobs
 # ------------------------------------------------------------------------------------------------
 
-class Run:
+class Run(LiveProcess):
     """A launcher (or ``launcher simulate``) started by the test; its output is read as it comes."""
 
     def __init__(self, argv: list[str], tmp: Path, env: Optional[dict[str, str]] = None) -> None:
         self.pid_dir = tmp / "pids"
         self.hash_dir = tmp / "hashes"
-        full_env = launcher_env(DDP_UTILS_PID_DIR=str(self.pid_dir), DDP_UTILS_HASH_DIR=str(self.hash_dir),
-                                **(env or {}))
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, cwd=str(tmp), env=full_env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self.readers = [threading.Thread(target=self._read, args=(s, k), daemon=True)
-                        for s, k in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-        for reader in self.readers:
-            reader.start()
+        super().__init__(argv, str(tmp), launcher_env(DDP_UTILS_PID_DIR=str(self.pid_dir),
+                                                      DDP_UTILS_HASH_DIR=str(self.hash_dir), **(env or {})))
 
-    @staticmethod
-    def _read(stream: Any, lines: list[str]) -> None:
-        for raw in iter(stream.readline, b""):
-            lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
-
-    @property
-    def stdout(self) -> str:
-        return "\n".join(self.out)
-
-    @property
-    def stderr(self) -> str:
-        return "\n".join(self.err)
-
-    def wait_for(self, text: str, timeout: float = RUN_TIMEOUT) -> None:
-        """Block until a line of stdout contains ``text``."""
-        deadline = time.monotonic() + timeout
-        while not any(text in line for line in list(self.out)):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                if self.proc.poll() is None:
-                    self.proc.send_signal(signal.SIGKILL)  # its watchdog kills the tree
-                self.finish(timeout=30)
-                pytest.fail(f"never saw {text!r}; output:\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}")
-            time.sleep(0.02)
+    def abort(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)  # its watchdog kills the tree
+        self.finish(timeout=30)
 
     def finish(self, timeout: float = RUN_TIMEOUT) -> int:
         """Wait for the end (killing it on a timeout); then prove that no process is left."""
@@ -92,8 +62,7 @@ class Run:
             self.proc.send_signal(signal.SIGKILL)  # its watchdog kills the tree
             self.proc.wait()
             code = None
-        for reader in self.readers:
-            reader.join(timeout=10)
+        self.join_readers()
         assert_gone(self.pids())
         if code is None:
             pytest.fail(f"still running after {timeout} s:\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}")
