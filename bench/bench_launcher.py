@@ -4,13 +4,14 @@ Prints the median wall time of each over alternating pairs and their ratio (targ
 launcher process's own start-up: its import time (``python -X importtime``), the wall time of a
 ``--dry-run``, and whether torch was imported (it must not be).
 
-    .venv/bin/python bench/bench_launcher.py [--pairs 7] [--steps 200]
+    .venv/bin/python bench/bench_launcher.py [--pairs 15] [--steps 100]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,9 +29,17 @@ def environment(record_dir: str) -> dict[str, str]:
 
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
+    return measured(argv, env)[0]
+
+
+def measured(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the whole process tree: every descendant is reaped by its parent)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 RUN_PATH = "import launcher.cli, launcher.supervise, launcher.failure"  # all a launch imports
@@ -57,8 +66,8 @@ def startup(env: dict[str, str]) -> tuple[float, float, float, bool]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--pairs", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as records:
         env = environment(records)
@@ -66,12 +75,13 @@ def main() -> None:
         ours_cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", "2", *job]
         plain_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *job]
         timed(plain_cmd, env)  # warm the page cache once
-        ours, plain = [], []
+        runs: dict[str, list[tuple[float, float]]] = {"ours": [], "plain": []}
         for i in range(args.pairs):
-            first, second = (ours_cmd, plain_cmd) if i % 2 == 0 else (plain_cmd, ours_cmd)
-            a, b = timed(first, env), timed(second, env)
-            ours.append(a if first is ours_cmd else b)
-            plain.append(b if first is ours_cmd else a)
+            order = ["ours", "plain"] if i % 2 == 0 else ["plain", "ours"]
+            for name in order:
+                runs[name].append(measured(ours_cmd if name == "ours" else plain_cmd, env))
+        ours, plain = [w for w, _ in runs["ours"]], [w for w, _ in runs["plain"]]
+        ours_cpu, plain_cpu = [c for _, c in runs["ours"]], [c for _, c in runs["plain"]]
         import_ms, startup_ms, bare_ms, torch_seen = startup(env)
     ratios = [o / p for o, p in zip(ours, plain)]
     print(f"one host, 2 processes, {args.steps} DDP steps, {args.pairs} alternating pairs")
@@ -80,6 +90,8 @@ def main() -> None:
     print(f"| median wall time | {statistics.median(ours):.2f} s | {statistics.median(plain):.2f} s | "
           f"{statistics.median(ours) / statistics.median(plain):.3f} (median of pair ratios "
           f"{statistics.median(ratios):.3f}) |")
+    print(f"| median CPU time of the whole process tree | {statistics.median(ours_cpu):.2f} s | "
+          f"{statistics.median(plain_cpu):.2f} s | {statistics.median(ours_cpu) / statistics.median(plain_cpu):.3f} |")
     print(f"| launcher imports on the launch path (-X importtime) | {import_ms:.1f} ms | | |")
     print(f"| start-up: `--dry-run` wall time minus a bare interpreter ({bare_ms:.0f} ms) | {startup_ms:.0f} ms "
           "| | |")

@@ -11,7 +11,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = (
-    ["bench_launcher.py", "--pairs", "9"],
+    ["bench_launcher.py", "--pairs", "15", "--steps", "100"],
     ["bench_simulate.py", "--pairs", "7"],
     ["bench_train_throughput.py", "--rounds", "5", "--variants"],
 )
