@@ -50,43 +50,52 @@ def _pump(source: IO[bytes], sink: IO[bytes], tail: Optional[collections.deque[b
     source.close()
 
 
+class _StopSignals:
+    """Signal handler: remembers the first stop signal and its deadline, forwards each to the workers."""
+
+    def __init__(self, grace_period: float, log: Callable[[str], None]) -> None:
+        self.grace_period = grace_period
+        self.log = log
+        self.signal: Optional[int] = None
+        self.deadline: Optional[float] = None
+        self.proc: Optional[subprocess.Popen] = None
+
+    def __call__(self, signum: int, _frame: object = None) -> None:
+        if self.signal is None:
+            self.signal = signum
+            self.deadline = time.monotonic() + self.grace_period
+            self.log(f"received {signal.Signals(signum).name}: forwarding it to the workers; "
+                     f"killing everything left after {self.grace_period:g} s")
+        if self.proc is not None and self.proc.poll() is None:
+            for pid in proctree.children_of(self.proc.pid) or [self.proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+
+
 def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float,
               log: Callable[[str], None]) -> Outcome:
     """Run the launch to its end and return how it ended. Blocks; installs signal handlers."""
     os.makedirs(launch.log_dir, exist_ok=True)
     proctree.become_subreaper()
     watchdog = proctree.Watchdog()
-    state: dict[str, object] = {"signal": None, "deadline": None, "proc": None}
-
-    def forward(signum: int, _frame: object) -> None:
-        proc = state["proc"]
-        if state["signal"] is None:
-            state["signal"] = signum
-            state["deadline"] = time.monotonic() + grace_period
-            log(f"received {signal.Signals(signum).name}: forwarding it to the workers; "
-                f"killing everything left after {grace_period:g} s")
-        if isinstance(proc, subprocess.Popen) and proc.poll() is None:
-            for pid in proctree.children_of(proc.pid) or [proc.pid]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    stop = _StopSignals(grace_period, log)
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     tail: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
     try:
         proc = subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        state["proc"] = proc
+        stop.proc = proc
         watchdog.guard(proc.pid)
         log(f"torchrun started as pid {proc.pid}")
-        if state["signal"] is not None:  # arrived while starting
-            forward(state["signal"], None)  # type: ignore[arg-type]
+        if stop.signal is not None:  # arrived while starting
+            stop(stop.signal)
         pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, None), daemon=True),
                  threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, tail), daemon=True)]
         for pump in pumps:
             pump.start()
         killed = False
         while True:
-            deadline = state["deadline"]
+            deadline = stop.deadline
             try:
                 timeout = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
                 returncode = proc.wait(timeout=timeout)
@@ -106,6 +115,5 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float,
             signal.signal(sig, handler)
         watchdog.release()
         proctree.reap_children()
-    return Outcome(returncode=returncode, pid=proc.pid, stop_signal=state["signal"],  # type: ignore[arg-type]
-                   killed_after_grace=killed,
+    return Outcome(returncode=returncode, pid=proc.pid, stop_signal=stop.signal, killed_after_grace=killed,
                    stderr_tail=[line.decode("utf-8", "replace").rstrip("\n") for line in tail])

@@ -286,10 +286,15 @@ def test_sigterm_to_one_host_is_a_spot_interruption(tmp_path: Any) -> None:
     print(f"\nSIGTERM to algo-2: the job ended {summary['fault_to_last_exit']:.2f} s after the fault")
 
 
-def test_sigterm_to_simulate_reaches_every_worker(tmp_path: Any) -> None:
+def start_endless_job(tmp_path: Any) -> tuple[Simulate, str]:
+    """Two hosts training until stopped (``--steps 0``)."""
     workdir = str(tmp_path / "job")
-    sim = Simulate(["--hosts", "2", "--workdir", workdir, "--", SCRIPT, "--steps", "0",
-                    "--step-sleep", "0.1"], str(tmp_path))
+    return Simulate(["--hosts", "2", "--workdir", workdir, "--", SCRIPT, "--steps", "0",
+                     "--step-sleep", "0.1"], str(tmp_path)), workdir
+
+
+def test_sigterm_to_simulate_reaches_every_worker(tmp_path: Any) -> None:
+    sim, workdir = start_endless_job(tmp_path)
     sim.wait_for("[algo-2] [rank1]:step=3")
     os.kill(sim.proc.pid, signal.SIGTERM)
     stopped = time.monotonic()
@@ -302,9 +307,7 @@ def test_sigterm_to_simulate_reaches_every_worker(tmp_path: Any) -> None:
 
 
 def test_sigkill_of_simulate_leaves_nothing(tmp_path: Any) -> None:
-    workdir = str(tmp_path / "job")
-    sim = Simulate(["--hosts", "2", "--workdir", workdir, "--", SCRIPT, "--steps", "0",
-                    "--step-sleep", "0.1"], str(tmp_path))
+    sim, workdir = start_endless_job(tmp_path)
     sim.wait_for("[algo-2] [rank1]:step=2")
     records = rank_records(workdir, 2)
     os.kill(sim.proc.pid, signal.SIGKILL)
