@@ -6,15 +6,24 @@ checks that the two scripts hold identical pixels and labels) with the same batc
 ``OMP_NUM_THREADS=1``). The seed copy is ``bench/seed_cifar10_train.py`` (see its header); it keeps
 its DataLoader with ``--workers`` (default 2) and its per-sample PIL transform.
 
-What is timed: the steady epochs of one run, from the lines each script prints (read unbuffered as
-they come), so start-up, the first epoch's warm-up and the final save are left out:
+Precision: the seed trains in fp32. Ours uses its defaults: bf16 autocast where the CPU computes bf16
+natively (AVX512-BF16 or AMX-BF16, e.g. this machine's AMD EPYC; the header says which), else fp32,
+and channels_last images. ``--variants`` also times ours in fp32 (``--bf16 false``), with and without
+channels_last, so each part of the gain is shown on its own.
 
-- the seed: from ``Rank 0: Starting epoch 1`` to ``Rank 0: Finished Training`` (epochs 2..E);
-- ours: from ``METRIC epoch=1`` to ``METRIC epoch=E`` (epochs 2..E, *with* our per-epoch evaluation
-  and checkpoints, which the seed does not do: they count against our script).
+What is timed: the steady epochs of one run (epochs 2..E), so start-up, the first epoch's warm-up
+and the final save are left out. Two windows, as the scripts do different work between epochs:
 
-Images/s = N * (E - 1) / that wall time. The machine may be shared, so the CPU time the run's whole
-process tree (ranks and DataLoader workers) spent in the same window is also read from /proc:
+- training (the issue's measure): the seed from ``Rank 0: Starting epoch 1`` to ``Rank 0: Finished
+  Training``, lines it prints (read unbuffered as they come): it does nothing but train in between
+  (its DataLoader workers start again every epoch, and that counts). Ours: the ``train_seconds`` of
+  epochs 2..E in its ``metrics.json``, rank 0's own clock from its first batch to its last step of
+  each epoch (data, forward, backward, all-reduce, optimizer);
+- whole epochs: ours from ``METRIC epoch=1`` to ``METRIC epoch=E``, i.e. *with* the per-epoch
+  evaluation and checkpoint that the seed does not do (they count against our script).
+
+Images/s = N * (E - 1) / the window. The machine may be shared, so the CPU time the run's whole
+process tree (ranks and DataLoader workers) spent in the lines' window is also read from /proc:
 images per CPU-second is much less disturbed by other load. Rounds alternate the order of the
 scripts; ratios are the medians of the per-round ratios.
 
@@ -24,6 +33,7 @@ scripts; ratios are the medians of the per-round ratios.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -86,10 +96,16 @@ def tree_cpu(root: int) -> float:
 class Measured:
     wall: float  # seconds between the two markers
     cpu: float  # CPU seconds of the process tree between them
+    train: float  # seconds spent training: ``wall`` for the seed, the timed epochs' train_seconds for ours
 
 
-def run_once(script_args: list[str], start_marker: str, end_marker: str, workdir: str) -> Measured:
-    """One ``torchrun --standalone --nproc-per-node 2`` run, timed between two output lines."""
+def run_once(script_args: list[str], start_marker: str, end_marker: str, metrics: str | None, *,
+             epochs: int, workdir: str) -> Measured:
+    """One ``torchrun --standalone --nproc-per-node 2`` run, timed between two output lines.
+
+    With ``metrics`` (our script's ``metrics.json``), the training time is the sum of its
+    ``train_seconds`` over epochs 2..``epochs``; without, the lines' window.
+    """
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             *script_args]
     proc = subprocess.Popen(argv, cwd=workdir, env=environment(), stdout=subprocess.PIPE,
@@ -110,23 +126,29 @@ def run_once(script_args: list[str], start_marker: str, end_marker: str, workdir
         raise SystemExit(f"failed ({code}, markers {sorted(marks)}): {' '.join(argv)}\n"
                          f"{''.join(out)[-2000:]}\n{''.join(err)[-3000:]}")
     (wall0, cpu0), (wall1, cpu1) = marks[start_marker], marks[end_marker]
-    return Measured(wall1 - wall0, cpu1 - cpu0)
+    train = wall1 - wall0
+    if metrics:
+        with open(metrics, encoding="utf-8") as fh:
+            history = json.load(fh)
+        assert [r["epoch"] for r in history] == list(range(1, epochs + 1)), history
+        train = sum(r["train_seconds"] for r in history[1:])
+    return Measured(wall1 - wall0, cpu1 - cpu0, train)
 
 
-def variants(args: argparse.Namespace, out: str) -> dict[str, tuple[list[str], str, str]]:
-    """Name -> (script and arguments, start marker, end marker)."""
+def variants(args: argparse.Namespace, out: str) -> dict[str, tuple[list[str], str, str, str | None]]:
+    """Name -> (script and arguments, start marker, end marker, metrics.json or None)."""
     common = ["--synthetic", str(args.images), "--batch-size", str(args.batch_size), "--epochs", str(args.epochs)]
     seed = ([SEED, *common, "--workers", str(args.seed_workers), "--backend", "gloo", "--output-dir", out],
-            "Rank 0: Starting epoch 1", "Rank 0: Finished Training")
+            "Rank 0: Starting epoch 1", "Rank 0: Finished Training", None)
     ours_args = [OURS, *common, "--resume", "false", "--output-dir", out,
                  "--checkpoint-dir", os.path.join(out, "checkpoints")]
-    markers = ("METRIC epoch=1 ", f"METRIC epoch={args.epochs} ")
+    markers = ("METRIC epoch=1 ", f"METRIC epoch={args.epochs} ", os.path.join(out, "metrics.json"))
     found = {f"seed train.py (--workers {args.seed_workers})": seed,
              "ours train_cifar10.py (defaults)": (ours_args, *markers)}
-    if args.variants:  # opt-in on CPU: not the defaults (the defaults keep these on GPU only)
-        found["ours + --channels-last true"] = ([*ours_args, "--channels-last", "true"], *markers)
-        found["ours + --channels-last true --bf16 true"] = (
-            [*ours_args, "--channels-last", "true", "--bf16", "true"], *markers)
+    if args.variants:  # what the defaults' bf16 autocast and channels_last each bring
+        found["ours --bf16 false"] = ([*ours_args, "--bf16", "false"], *markers)
+        found["ours --bf16 false --channels-last false"] = (
+            [*ours_args, "--bf16", "false", "--channels-last", "false"], *markers)
     return found
 
 
@@ -138,7 +160,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="per process (the seed's default)")
     parser.add_argument("--seed-workers", type=int, default=2, help="the seed's --workers (its default 2)")
     parser.add_argument("--variants", action="store_true",
-                        help="also time our script with CPU channels_last and bf16 autocast (opt-in flags)")
+                        help="also time our script in fp32, and in fp32 without channels_last")
     args = parser.parse_args()
     if args.epochs < 2:
         parser.error("--epochs must be at least 2")
@@ -147,6 +169,12 @@ def main() -> None:
         parser.error(f"the seed's evaluation fails on a last test batch of {last_test_batch} (< 10) images: "
                      "choose --images so that images // 5 is a multiple of the batch size")
     check_same_data(args.images)
+    sys.path.insert(0, os.path.join(REPO, "train_scripts"))
+    import ddp_utils
+
+    bf16_flags = sorted(ddp_utils.cpu_flags() & ddp_utils.CPU_BF16_FLAGS)
+    print(f"CPU bf16 in hardware: {', '.join(bf16_flags) or 'no'} -> our default precision "
+          f"{'bf16 autocast' if bf16_flags else 'fp32'}", flush=True)
     images = args.images * (args.epochs - 1)
     results: dict[str, list[Measured]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
@@ -155,26 +183,32 @@ def main() -> None:
         for round_index in range(args.rounds):
             order = list(runs) if round_index % 2 == 0 else list(reversed(runs))
             for name in order:
-                script_args, start, end = variants(args, os.path.join(tmp, f"{round_index}-{len(results[name])}"
-                                                                  f"-{list(runs).index(name)}"))[name]
-                m = run_once(script_args, start, end, tmp)
+                out = os.path.join(tmp, f"{round_index}-{list(runs).index(name)}")
+                script_args, *timing = variants(args, out)[name]
+                m = run_once(script_args, *timing, epochs=args.epochs, workdir=tmp)
                 results[name].append(m)
-                print(f"round {round_index + 1}: {name}: {m.wall:.1f} s, {m.cpu:.1f} CPU-s -> "
-                      f"{images / m.wall:.0f} images/s, {images / m.cpu:.0f} images/CPU-s", flush=True)
+                print(f"round {round_index + 1}: {name}: training {images / m.train:.0f} images/s; whole epochs "
+                      f"{m.wall:.1f} s, {m.cpu:.1f} CPU-s -> {images / m.wall:.0f} images/s, "
+                      f"{images / m.cpu:.0f} images/CPU-s", flush=True)
 
-    seed_name = next(iter(results))
+    seed = results[next(iter(results))]
     width = max(len(n) for n in results)
     print(f"\n{args.images} synthetic images x {args.epochs - 1} timed epochs, batch {args.batch_size} per "
-          f"process, 2 processes (torchrun, gloo, CPU), {args.rounds} rounds (medians)\n")
-    print(f"{'script':<{width}}  {'images/s':>9}  {'vs seed':>8}  {'images/CPU-s':>12}  {'vs seed':>8}  "
-          "wall ratio per round")
+          f"process, 2 processes (torchrun, gloo, CPU), {args.rounds} rounds (medians of per-round ratios)\n")
+    print(f"{'':<{width}}  {'training':>20}  {'whole epochs (ours incl. eval + checkpoint)':>43}")
+    print(f"{'script':<{width}}  {'images/s':>9}  {'vs seed':>8}  {'images/s':>9}  {'vs seed':>8}  "
+          f"{'images/CPU-s':>12}  {'vs seed':>8}  training ratio per round")
     for name, measured in results.items():
-        rates = [images / m.wall for m in measured]
-        ratios = [images / m.wall / (images / s.wall) for m, s in zip(measured, results[seed_name])]
-        cpu_ratios = [s.cpu / m.cpu for m, s in zip(measured, results[seed_name])]
-        print(f"{name:<{width}}  {statistics.median(rates):9.0f}  {statistics.median(ratios):7.2f}x  "
-              f"{statistics.median(images / m.cpu for m in measured):12.0f}  "
-              f"{statistics.median(cpu_ratios):7.2f}x  " + ", ".join(f"{r:.2f}x" for r in ratios))
+        def median(values: list[float]) -> float:
+            return statistics.median(values)
+
+        train_ratios = [s.train / m.train for m, s in zip(measured, seed)]
+        print(f"{name:<{width}}  {median([images / m.train for m in measured]):9.0f}  {median(train_ratios):7.2f}x  "
+              f"{median([images / m.wall for m in measured]):9.0f}  "
+              f"{median([s.wall / m.wall for m, s in zip(measured, seed)]):7.2f}x  "
+              f"{median([images / m.cpu for m in measured]):12.0f}  "
+              f"{median([s.cpu / m.cpu for m, s in zip(measured, seed)]):7.2f}x  "
+              + ", ".join(f"{r:.2f}x" for r in train_ratios))
 
 
 if __name__ == "__main__":

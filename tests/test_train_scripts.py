@@ -181,6 +181,60 @@ def test_boolean_flags_false_really_is_false() -> None:
     assert (args.model_dir, args.batch_size, args.learning_rate, args.timeout) == ("o", 8, 0.01, 5)
 
 
+CPUINFO_X86 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx512f {extra} avx512vl\n"
+
+
+@pytest.mark.parametrize("text,native", [
+    (CPUINFO_X86.format(extra="avx512_bf16"), True),  # Cooper Lake, AMD Zen 4 and newer
+    (CPUINFO_X86.format(extra="amx_bf16 amx_tile"), True),  # Sapphire Rapids and newer
+    (CPUINFO_X86.format(extra="avx512_vnni"), False),  # Skylake / Cascade Lake (ml.c5, ml.m5): fp32
+    ("processor\t: 0\nFeatures\t: fp asimd sve\n", False),
+])
+def test_bf16_is_the_default_only_where_the_cpu_computes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             text: str, native: bool) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(text)
+    read = ddp_utils.cpu_flags
+    monkeypatch.setattr(ddp_utils, "cpu_flags", lambda: read(str(cpuinfo)))
+    job = ddp_utils.Job(0, 0, 1, torch.device("cpu"), "gloo")
+    assert ddp_utils.native_bf16(job) is native
+    assert ddp_utils.use_bf16(job, None) is native  # --bf16 auto
+    assert ddp_utils.use_bf16(job, False) is False and ddp_utils.use_bf16(job, True) is True
+    x = torch.randn(4, 3)
+    with ddp_utils.autocast(job, None):
+        out = torch.nn.functional.linear(x, torch.randn(2, 3))
+    assert out.dtype == (torch.bfloat16 if native else torch.float32)
+
+
+def test_cpu_flags_of_a_machine_without_cpuinfo(tmp_path: Path) -> None:
+    assert ddp_utils.cpu_flags(str(tmp_path / "absent")) == frozenset()
+
+
+ALLOCATION_LOOP = """
+import json, resource, sys, torch
+sys.path.insert(0, sys.argv[1])
+import ddp_utils
+kept = ddp_utils.keep_freed_memory()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(50):
+    torch.ones(1 << 20).sum()  # 4 MiB allocated, touched and freed: what a training step does
+print(json.dumps({"kept": kept, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+"""
+
+
+def test_freed_activation_memory_is_reused_instead_of_faulted_in_again(tmp_path: Path) -> None:
+    def faults(**env: str) -> dict[str, Any]:
+        out = subprocess.run([PYTHON, "-c", ALLOCATION_LOOP, TRAIN_SCRIPTS], capture_output=True, text=True,
+                             env={**os.environ, **env}, check=True, timeout=120).stdout
+        return json.loads(out)
+
+    tuned, chosen = faults(), faults(MALLOC_MMAP_THRESHOLD_="131072")
+    assert chosen["kept"] is False  # the user's own malloc setting wins
+    assert tuned["kept"] is True
+    # glibc's default: every 4 MiB block is mmap'ed and faulted in page by page (~1,000 faults each).
+    assert chosen["faults"] > 50 * 500 and tuned["faults"] < chosen["faults"] / 10, (tuned, chosen)
+
+
 def test_metric_lines_match_the_metric_definitions() -> None:
     record = {"epoch": 3, "train_loss": 0.12344, "val_loss": 0.2, "val_accuracy": 0.97123,
               "images_per_sec": 1234.56, "lr": 0.1}
@@ -267,8 +321,9 @@ x, y = torch.randn(n, 8), torch.randint(0, 3, (n,))
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 share = ddp_utils.shard(job, n)
 index = torch.tensor(share)
-tensors = ddp_utils.evaluate(job, ddp_utils.wrap(job, model), [(x[index], y[index])])
-loader = ddp_utils.evaluate(job, model, DataLoader(Subset(TensorDataset(x, y), share), batch_size=7))
+# fp32 (bf16=False): the comparison is of the sharding, not of the precision this CPU would pick
+tensors = ddp_utils.evaluate(job, ddp_utils.wrap(job, model), [(x[index], y[index])], bf16=False)
+loader = ddp_utils.evaluate(job, model, DataLoader(Subset(TensorDataset(x, y), share), batch_size=7), bf16=False)
 with open(f"{sys.argv[1]}/{job.rank}.json", "w") as fh:
     json.dump({"world": job.world_size, "share": list(share), "tensors": tensors, "loader": loader}, fh)
 if job.is_main:
@@ -315,6 +370,9 @@ def test_cifar10_two_hosts_fake_dataset(tmp_path: Path) -> None:
     found = metric_values(run.stdout)
     assert found["epoch"] == [1.0, 2.0] and len(found["val_accuracy"]) == 2
     assert "training and 31 test images" in run.stdout and "120 training" in run.stdout
+    job = ddp_utils.Job(0, 0, 2, torch.device("cpu"), "gloo")
+    precision = "bf16 autocast" if ddp_utils.native_bf16(job) else "fp32"  # --bf16 auto on this CPU
+    assert f"precision {precision} (--bf16), channels_last images" in run.stdout
     history = json.loads((workdir / "algo-1" / "output" / "data" / "metrics.json").read_text())
     check_history(history, 2)
     assert history[-1]["val_count"] == 31

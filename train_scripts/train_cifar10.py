@@ -7,6 +7,8 @@ Differences from that script, for speed on CPUs and for SageMaker:
   whole-batch tensor operations: no PIL image and no DataLoader worker per sample;
 - it is downloaded only when ``--data-dir`` (default ``SM_CHANNEL_TRAIN``) does not hold it yet, by
   one process per host while the others wait;
+- ``ddp_utils``' speed defaults: bf16 autocast where the CPU or GPU computes bf16 in hardware,
+  channels_last images, malloc that keeps freed memory (``--bf16 false`` for fp32 everywhere);
 - evaluation runs every epoch on all ranks; checkpoints, resume, SIGTERM and metrics come from
   ``ddp_utils``; ``--synthetic N`` trains on N random in-memory images (tests, benchmarks);
 - ``--workers`` is accepted for compatibility and unused: the in-memory pipeline needs no workers.
