@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import PYTHON, TRAIN_SCRIPTS, LiveProcess, assert_gone, launcher_env
+from conftest import PYTHON, TRAIN_SCRIPTS, LiveProcess, assert_gone, free_port, launcher_env
 
 sys.path.insert(0, TRAIN_SCRIPTS)
 import ddp_utils  # noqa: E402
@@ -233,6 +233,43 @@ def test_freed_activation_memory_is_reused_instead_of_faulted_in_again(tmp_path:
     assert tuned["kept"] is True
     # glibc's default: every 4 MiB block is mmap'ed and faulted in page by page (~1,000 faults each).
     assert chosen["faults"] > 50 * 500 and tuned["faults"] < chosen["faults"] / 10, (tuned, chosen)
+
+
+LATE_RELEASE = """
+import json, os, sys, threading, time, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import ddp_utils
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+dist.init_process_group("gloo", rank=0, world_size=1)
+flag = torch.zeros(1)
+work = ddp_utils.collective(dist.all_reduce, flag, async_op=True)
+work.wait()
+held = flag._use_count() > 1  # finished, and still held on the C++ side
+
+def let_go():  # what gloo's worker thread does after the caller's wait(), here late
+    global work
+    time.sleep(float(sys.argv[3]))
+    work = None
+
+threading.Thread(target=let_go, daemon=True).start()
+started = time.monotonic()
+ddp_utils.shutdown(timeout=float(sys.argv[4]))
+print(json.dumps({"held": held, "waited": time.monotonic() - started, "after": flag._use_count()}))
+"""
+
+
+@pytest.mark.parametrize("release_after,timeout", [(0.5, 5.0), (30.0, 0.3)])
+def test_shutdown_waits_until_no_collective_holds_our_tensors(release_after: float, timeout: float) -> None:
+    """Leaving before gloo's thread let go of a tensor kills the process with SIGABRT at exit."""
+    proc = subprocess.run([PYTHON, "-c", LATE_RELEASE, TRAIN_SCRIPTS, str(free_port()), str(release_after),
+                           str(timeout)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["held"] is True
+    if release_after < timeout:  # waits for the release, then goes on
+        assert release_after - 0.05 <= found["waited"] < timeout and found["after"] == 1, found
+    else:  # never hangs: gives up after its timeout
+        assert timeout - 0.05 <= found["waited"] < release_after and found["after"] > 1, found
 
 
 def test_metric_lines_match_the_metric_definitions() -> None:
