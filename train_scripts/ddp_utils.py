@@ -61,7 +61,8 @@ _TEMP_PREFIX = ".tmp-"
 _stop_signal: list[int] = []  # the stop signal received, if any
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt() parameters (malloc.h)
 CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo: bf16 arithmetic in hardware
-_in_collectives: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()  # see _release_collectives
+#: id -> tensor given to a collective, while it lives (a WeakSet would compare tensors with ==)
+_in_collectives: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
 
 def str2bool(text: str) -> bool:
@@ -163,7 +164,7 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 <<
 def collective(function: Callable[..., Any], tensor: torch.Tensor, /, **kwargs: Any) -> Any:
     """``function(tensor, **kwargs)``, a ``torch.distributed`` collective, with ``tensor`` remembered
     for :func:`shutdown`."""
-    _in_collectives.add(tensor)
+    _in_collectives[id(tensor)] = tensor
     return function(tensor, **kwargs)
 
 
@@ -179,7 +180,7 @@ def _release_collectives(timeout: float) -> None:
     threads live as long as the group, which DDP keeps. ``_use_count() > 1``: C++ still holds it.
     """
     deadline = time.monotonic() + timeout
-    while any(t._use_count() > 1 for t in list(_in_collectives)) and time.monotonic() < deadline:
+    while any(t._use_count() > 1 for t in list(_in_collectives.values())) and time.monotonic() < deadline:
         time.sleep(0.001)  # gives the GIL to the worker thread
 
 
