@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import glob
 import hashlib
 import io
@@ -157,8 +158,7 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 <<
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (macOS, musl without mallopt)
         return False
-    results = [mallopt(_M_MMAP_THRESHOLD, mmap_threshold), mallopt(_M_TRIM_THRESHOLD, trim_threshold)]
-    return all(results)
+    return all([mallopt(_M_MMAP_THRESHOLD, mmap_threshold), mallopt(_M_TRIM_THRESHOLD, trim_threshold)])
 
 
 def collective(function: Callable[..., Any], tensor: torch.Tensor, /, **kwargs: Any) -> Any:
@@ -360,8 +360,9 @@ def scaled_lr(job: Job, args: argparse.Namespace) -> float:
     return args.learning_rate * (job.world_size if args.scale_lr else 1)
 
 
+@functools.cache
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none, e.g. macOS)."""
+    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none, e.g. macOS); read once."""
     with contextlib.suppress(OSError), open(cpuinfo, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             name, _, value = line.partition(":")

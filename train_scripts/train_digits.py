@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--test-size", type=float, default=0.2, help="share of the images held out")
     parser.add_argument("--plot", type=ddp_utils.str2bool, default=True,
                         help="write training_curves.png to the output data dir")
-    parser.set_defaults(epochs=30, batch_size=32, learning_rate=0.05, momentum=0.9)
+    parser.set_defaults(epochs=30, batch_size=32, learning_rate=0.05, momentum=0.9,
+                        channels_last=False)  # an MLP on flat pixels: no image layout
     return parser
 
 
@@ -89,7 +90,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         x_train, y_train, x_test, y_test = load_split(args.test_size, args.seed)
         job.log(f"digits: {len(x_train)} training and {len(x_test)} test images; world size "
                 f"{job.world_size}, backend {job.backend}, device {job.device}")
-        model = ddp_utils.wrap(job, Net(args.hidden), channels_last=False)
+        model = ddp_utils.wrap(job, Net(args.hidden), args.channels_last)
         optimizer = torch.optim.SGD(model.parameters(), lr=ddp_utils.scaled_lr(job, args),
                                     momentum=args.momentum)
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(args.epochs, 1))
