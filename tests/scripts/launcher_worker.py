@@ -4,8 +4,9 @@ Each rank writes ``<record dir>/rank<R>.json`` (pid, parent pid, ranks, world si
 parameters) to ``$WORKER_RECORD_DIR``. Options make it fail on purpose:
 ``--exit-code N --fail-rank R`` exits N on rank R; ``--raise-on R`` raises ValueError on rank R;
 ``--self-signal SIG --fail-rank R`` kills rank R with a signal; ``--steps N --step-sleep S`` makes it
-run long enough to be stopped; SIGTERM is recorded in the record file and ends the loop with exit 0
-when ``--clean-stop`` is given (the default re-raises it: the process dies of SIGTERM).
+run long enough to be stopped; SIGTERM is recorded in the record file and, with ``--clean-stop``,
+ends the loop at the same step on every rank (a MIN all_reduce: once all have it) with exit 0 (the
+default re-raises it: the process dies of SIGTERM).
 """
 
 import argparse
@@ -61,10 +62,14 @@ def main():
     torch.manual_seed(rank)  # different data per rank; DDP keeps the parameters identical
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    stopped = torch.zeros(1)
     for step in range(args.steps):
-        if STOP["signal"] is not None:
-            if args.clean_stop:
+        if args.clean_stop:  # stop at the same step on every rank, once every rank has the signal
+            stopped = torch.tensor([0.0 if STOP["signal"] is None else 1.0])
+            dist.all_reduce(stopped, op=dist.ReduceOp.MIN)
+            if stopped.item():
                 break
+        elif STOP["signal"] is not None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
         if rank == args.fail_rank and step == args.fail_at_step:
@@ -85,6 +90,8 @@ def main():
     facts["params"] = [p.detach().flatten().tolist() for p in model.parameters()]
     write_record(out, facts)
     print(f"rank {rank} of {world} done after {facts['steps_done']} steps", flush=True)
+    while stopped._use_count() > 1:  # gloo's thread still holds it: exiting now can abort (see ddp_utils)
+        time.sleep(0.001)
     dist.destroy_process_group()
 
 
