@@ -436,6 +436,7 @@ def evaluate(job: Job, model: nn.Module, batches: Iterable[tuple[torch.Tensor, t
     net = unwrap(model)
     was_training = net.training
     net.eval()
+    bf16 = use_bf16(job, bf16)  # decided once, not per batch
     totals = torch.zeros(3, dtype=torch.float64, device=job.device)  # loss sum, correct, count
     for inputs, targets in batches:
         inputs, targets = inputs.to(job.device, non_blocking=True), targets.to(job.device, non_blocking=True)
