@@ -129,11 +129,13 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             rendezvous = (f"{c.master_addr}:{options.master_port} as node {c.node_rank} of {c.nnodes}, "
                           f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
             report = failure.compose_report(c, outcome, cause, code, rendezvous)
+            notes = []
             if c.base_dir is not None:
-                failure.write_failure_file(c.base_dir, report)
-            sys.stdout.flush()
-            sys.stderr.write(report + "\n")
-            sys.stderr.flush()
+                path = os.path.join(c.base_dir, "output", "failure")
+                problem = failure.write_failure_file(path, report, failure.REPORT_LIMIT)
+                if problem:
+                    notes.append(f"[{PROG}] could not write the failure report to {path}: {problem}")
+            failure.print_report(report, notes)
         elif outcome.stop_signal is not None:
             log("stopped by a signal; every worker finished cleanly")
         return code

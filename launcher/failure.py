@@ -8,14 +8,20 @@ torchrun exits 1 whatever happened. The facts are elsewhere:
   own (written by torch's ``record`` around the script's ``main``) with ``errorCode`` added, or
   torchrun's own exception when torchrun itself failed;
 - the worker's stderr log under ``--log-dir``, when the worker wrote no error file.
+
+Everything read here is written by the workers, so every read is bounded: the stderr tail the
+supervisor kept, the last :data:`LOG_TAIL_BYTES` of a log, error files up to :data:`ERROR_FILE_LIMIT`.
+The report always gets out: writing it never raises, and it reaches stderr whatever happened to the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Optional
 
@@ -24,7 +30,11 @@ from launcher.command import Launch
 from launcher.supervise import Outcome
 
 REPORT_LIMIT = 1024  # SageMaker shows the first 1024 characters of output/failure
-_FIELD = re.compile(r"^\s*(host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
+ERROR_FILE_LIMIT = 4 * 1024 * 1024  # a larger error file is not read: the log tail is used instead
+LOG_TAIL_BYTES = 256 * 1024  # how much of the end of a worker's stderr log is read
+LOG_LINE_CHARS = 2048  # longer lines of a log tail are cut
+_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
+_ENTRY = re.compile(r"^\[\d+\]:\s*$")
 _RANK = re.compile(r"(-?\d+) \(local_rank: (-?\d+)\)")
 _EXITCODE = re.compile(r"(-?\d+) \(pid: (\d+)\)")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b.*)$")
@@ -48,56 +58,118 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def parse_failure_table(lines: Sequence[str]) -> Optional[dict[str, str]]:
-    """The fields of the last "Root Cause (first observed failure)" table in torchrun's stderr."""
-    starts = [i for i, line in enumerate(lines) if "Root Cause (first observed failure):" in line]
-    if not starts:
-        return None
-    fields: dict[str, str] = {}
-    current = None
-    for line in lines[starts[-1] + 1:]:
-        if line.startswith("====="):
+def _entries(lines: Sequence[str]) -> list[dict[str, str]]:
+    """The ``[i]:`` entries of one section of torchrun's failure table, up to its closing rule."""
+    entries: list[dict[str, str]] = []
+    field = None
+    for line in lines:
+        if line.startswith(("=====", "-----")):
             break
-        match = _FIELD.match(line)
-        if match:
-            current = match.group(1)
-            fields[current] = match.group(2).strip()
-        elif current == "traceback":
-            fields["traceback"] += "\n" + line
-    return fields
+        if _ENTRY.match(line):
+            entries.append({})
+            field = None
+        elif entries and field == "traceback":  # the last field: everything up to the next entry
+            entries[-1]["traceback"] += "\n" + line
+        elif entries:
+            match = _FIELD.match(line)
+            if match:
+                field = match.group(1)
+                entries[-1][field] = match.group(2).strip()
+    return entries
+
+
+def parse_failures(lines: Sequence[str]) -> list[dict[str, str]]:
+    """Every entry of the last failure table in torchrun's stderr: the root cause first, then the others.
+
+    torchrun prints ``Failures:`` (the others, or ``<NO_OTHER_FAILURES>``) and then
+    ``Root Cause (first observed failure):``; each entry has ``time``, ``host``, ``rank``, ``exitcode``,
+    ``error_file`` and ``traceback`` fields.
+    """
+    roots = [i for i, line in enumerate(lines) if "Root Cause (first observed failure):" in line]
+    if not roots:
+        return []
+    entries = _entries(lines[roots[-1] + 1:])[:1]
+    others = [i for i in range(roots[-1]) if lines[i].strip() == "Failures:"]
+    if others:
+        entries += _entries(lines[others[-1] + 1:roots[-1]])
+    return entries
+
+
+def _exitcode(entry: dict[str, str]) -> Optional[int]:
+    match = _EXITCODE.match(entry.get("exitcode", ""))
+    return int(match.group(1)) if match else None
+
+
+def pick_root_cause(entries: Sequence[dict[str, str]]) -> dict[str, str]:
+    """The table's root cause, unless that worker died of SIGTERM and another failed on its own.
+
+    When one worker fails, torchrun SIGTERMs the others; without error files its "first observed
+    failure" can name one of those on a timestamp tie. A worker killed by SIGTERM is never the cause
+    when another failed otherwise (an exit code, another signal).
+    """
+    own = [e for e in entries if _exitcode(e) != -signal.SIGTERM]
+    return own[0] if own else entries[0]
+
+
+def _read_bounded(path: str, limit: int) -> Optional[bytes]:
+    """The file's bytes if it is a regular file of at most ``limit`` bytes."""
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size > limit:
+                return None
+            data = fh.read(limit + 1)
+    except OSError:
+        return None
+    return data if len(data) <= limit else None
 
 
 def read_error_file(path: Optional[str]) -> Optional[dict[str, Any]]:
-    """``{"exception", "traceback", "errorCode"}`` from a torchelastic error file, if readable."""
+    """``{"exception", "traceback", "errorCode"}`` from a torchelastic error file, if readable.
+
+    Files over :data:`ERROR_FILE_LIMIT` or not in the expected shape give None.
+    """
     if not path or not os.path.isfile(path):
         return None
+    raw = _read_bounded(path, ERROR_FILE_LIMIT)
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+        data = json.loads(raw.decode("utf-8", "surrogateescape")) if raw is not None else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
         return None
     message = data.get("message")
     if isinstance(message, dict):
-        extra = message.get("extraInfo") or {}
-        return {"exception": str(message.get("message", "")).strip(),
-                "traceback": str(extra.get("py_callstack", "")),
+        extra = message.get("extraInfo")
+        callstack = extra.get("py_callstack", "") if isinstance(extra, dict) else ""
+        return {"exception": str(message.get("message", "")).strip(), "traceback": str(callstack),
                 "errorCode": data.get("errorCode")}
     return {"exception": str(message or "").strip(), "traceback": "", "errorCode": data.get("errorCode")}
 
 
+def read_log_tail(path: str, size: int = LOG_TAIL_BYTES) -> str:
+    """The last ``size`` bytes of a log, from its first whole line, lines cut to :data:`LOG_LINE_CHARS`."""
+    try:
+        with open(path, "rb") as fh:
+            start = max(0, os.fstat(fh.fileno()).st_size - size)
+            fh.seek(start)
+            data = fh.read(size)
+    except OSError:
+        return ""
+    if start > 0:
+        data = data[data.find(b"\n") + 1:] if b"\n" in data else data
+    lines = data.decode("utf-8", "replace").splitlines()
+    return "\n".join(line[:LOG_LINE_CHARS] for line in lines)
+
+
 def worker_stderr(log_dir: str, local_rank: int) -> str:
-    """The newest attempt's stderr log of one local rank, as torchrun's ``--log-dir`` keeps it."""
+    """The end of the newest attempt's stderr log of one local rank, as torchrun's ``--log-dir`` keeps it."""
     import glob  # only after a failure
 
     paths = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), "stderr.log"))
     if not paths:
         return ""
     newest = max(paths, key=lambda p: int(p.split("attempt_")[-1].split(os.sep)[0]))
-    try:
-        with open(newest, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""
+    return read_log_tail(newest)
 
 
 def _last_exception_line(text: str) -> str:
@@ -112,8 +184,8 @@ def find_root_cause(outcome: Outcome, launch: Launch) -> Optional[RootCause]:
     """What failed on this host, from torchrun's table, error files and logs; None if it succeeded."""
     if outcome.returncode == 0:
         return None
-    table = parse_failure_table(outcome.stderr_tail)
-    if table is None:
+    entries = parse_failures(outcome.stderr_tail)
+    if not entries:
         # torchrun itself failed (rendezvous, bad flag) or was killed: its own error file or stderr.
         own = read_error_file(launch.error_file)
         stderr = "\n".join(outcome.stderr_tail)
@@ -122,12 +194,14 @@ def find_root_cause(outcome: Outcome, launch: Launch) -> Optional[RootCause]:
             exception = f"torchrun was killed by {signal_name(-outcome.returncode)}"
         return RootCause(None, None, None, exception or "torchrun failed",
                          (own or {}).get("traceback") or stderr)
-    rank_match = _RANK.match(table.get("rank", ""))
-    code_match = _EXITCODE.match(table.get("exitcode", ""))
+    entry = pick_root_cause(entries)
+    rank_match = _RANK.match(entry.get("rank", ""))
     rank = int(rank_match.group(1)) if rank_match else None
     local_rank = int(rank_match.group(2)) if rank_match else None
-    exitcode = int(code_match.group(1)) if code_match else None
-    recorded = read_error_file(launch.error_file) or read_error_file(table.get("error_file"))
+    exitcode = _exitcode(entry)
+    # torchrun copies the table's root cause's error file to its own: only that one's is trusted there.
+    recorded = ((read_error_file(launch.error_file) if entry is entries[0] else None)
+                or read_error_file(entry.get("error_file")))
     if recorded and recorded["exception"]:
         return RootCause(rank, local_rank, exitcode, recorded["exception"], recorded["traceback"])
     stderr = worker_stderr(launch.log_dir, local_rank) if local_rank is not None else ""
@@ -156,8 +230,8 @@ def _is_marker(line: str) -> bool:
 
 
 def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause], code: int,
-                   rendezvous: str = "") -> str:
-    """At most 1024 characters: the root cause first, then the traceback's tail.
+                   rendezvous: str = "", limit: int = REPORT_LIMIT) -> str:
+    """At most ``limit`` characters: the root cause first, then the traceback's tail.
 
     ``rendezvous`` (e.g. ``algo-1:7777, timeout 900 s``) is named when torchrun itself failed.
     """
@@ -180,7 +254,7 @@ def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause
     text = "\n".join(lines)
     detail = [ln for ln in (cause.detail.splitlines() if cause else []) if ln.strip() and not _is_marker(ln)]
     tail: list[str] = []
-    budget = REPORT_LIMIT - len(text) - 1
+    budget = limit - len(text) - 1
     for line in reversed(detail):
         if line.strip() == (cause.exception if cause else "").strip() and not tail:
             continue  # the exception line is already in the head
@@ -190,13 +264,67 @@ def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause
         budget -= len(line) + 1
     if tail:
         text += "\n" + "\n".join(tail)
-    return text[:REPORT_LIMIT]
+    return text[:limit]
 
 
-def write_failure_file(base_dir: str, report: str) -> str:
-    """Write ``output/failure`` (its first 1024 characters become SageMaker's FailureReason)."""
-    path = os.path.join(base_dir, "output", "failure")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(report)
-    return path
+def _encoded(report: str, limit: int) -> bytes:
+    """UTF-8 of ``report`` (unencodable characters as ``\\udcff``), cut to ``limit`` bytes at a character."""
+    data = report.encode("utf-8", "backslashreplace")
+    return data[:limit].decode("utf-8", "ignore").encode("utf-8") if len(data) > limit else data
+
+
+def _write_in_place(path: str, data: bytes) -> None:
+    """Overwrite an existing file that cannot be replaced (a bind-mounted file): never truncated first."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        if os.write(fd, data) != len(data):
+            raise OSError(f"short write to {path}")
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
+def write_failure_file(path: str, report: str, limit: int = REPORT_LIMIT) -> Optional[str]:
+    """Write the report's first ``limit`` bytes to ``path`` atomically; never raises.
+
+    A temporary file in the same directory replaces ``path``, so readers see the old file or the
+    whole new one, never an empty or partial one. A file that cannot be replaced but exists (a
+    bind mount) is overwritten in place. Returns None when written, else why not (one line).
+    """
+    import tempfile  # only after a failure
+
+    data = _encoded(report, limit)
+    try:
+        directory = os.path.dirname(path) or "."
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".failure.", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except (OSError, ValueError) as exc:
+        if not os.path.isfile(path):
+            return f"{type(exc).__name__}: {exc}"
+        try:
+            _write_in_place(path, data)
+        except OSError as again:
+            return f"{type(exc).__name__}: {exc}; in place: {type(again).__name__}: {again}"
+    return None
+
+
+def print_report(report: str, notes: Sequence[str] = ()) -> None:
+    """``notes`` then the report as the last lines of stderr; never raises (stderr may be closed or broken)."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    text = "".join(f"{line}\n" for line in (*notes, report))
+    with contextlib.suppress(Exception):  # no stderr to tell it on: the exit code still tells the truth
+        stream = sys.stderr.buffer
+        stream.write(text.encode("utf-8", "backslashreplace"))
+        stream.flush()

@@ -28,6 +28,8 @@ from launcher.command import Launch
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STDERR_TAIL_LINES = 400
+STDERR_TAIL_LINE_BYTES = 2048
+PUMP_CHUNK = 65536
 
 
 class Outcome(NamedTuple):
@@ -40,13 +42,49 @@ class Outcome(NamedTuple):
     stderr_tail: Sequence[str] = ()
 
 
-def _pump(source: IO[bytes], sink: IO[bytes], tail: Optional[collections.deque[bytes]]) -> None:
-    """Copy lines unmodified as they come; keep the last ones when asked."""
-    for line in iter(source.readline, b""):
-        sink.write(line)
-        sink.flush()
+class StderrTail:
+    """The last ``lines`` lines of a byte stream, each cut to ``line_bytes``: bounded whatever is fed."""
+
+    def __init__(self, lines: int = STDERR_TAIL_LINES, line_bytes: int = STDERR_TAIL_LINE_BYTES) -> None:
+        self.line_bytes = line_bytes
+        self.done: collections.deque[bytes] = collections.deque(maxlen=lines)
+        self.partial = b""  # the line still being received, already cut
+
+    def feed(self, data: bytes) -> None:
+        """Take the next bytes of the stream (at most a chunk: splitting it is bounded by its size)."""
+        cap = self.line_bytes
+        parts = data.split(b"\n")
+        if len(parts) > 1:
+            self.done.append((self.partial + parts[0][:cap])[:cap])
+            self.done.extend(part[:cap] for part in parts[1:-1][-(self.done.maxlen or 1):])
+            self.partial = b""
+        self.partial = (self.partial + parts[-1][:cap])[:cap]
+
+    def lines(self) -> list[str]:
+        """The kept lines, decoded (bad bytes replaced), the unfinished last one included."""
+        kept = list(self.done) + ([self.partial] if self.partial else [])
+        return [line.decode("utf-8", "replace") for line in kept[-(self.done.maxlen or 1):]]
+
+
+def _pump(source: IO[bytes], sink: Optional[IO[bytes]], tail: Optional[StderrTail]) -> None:
+    """Copy bytes unmodified as they come, in bounded chunks; feed the tail when asked.
+
+    When the sink fails (our own stream closed or broken), keep reading: torchrun must never block
+    on a full pipe.
+    """
+    fd = source.fileno()
+    while True:
+        chunk = os.read(fd, PUMP_CHUNK)
+        if not chunk:
+            break
+        if sink is not None:
+            try:
+                sink.write(chunk)
+                sink.flush()
+            except (OSError, ValueError):
+                sink = None
         if tail is not None:
-            tail.append(line)
+            tail.feed(chunk)
     source.close()
 
 
@@ -80,7 +118,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float,
     watchdog = proctree.Watchdog()
     stop = _StopSignals(grace_period, log)
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
-    tail: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
+    tail = StderrTail()
     try:
         proc = subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -116,4 +154,4 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float,
         watchdog.release()
         proctree.reap_children()
     return Outcome(returncode=returncode, pid=proc.pid, stop_signal=stop.signal, killed_after_grace=killed,
-                   stderr_tail=[line.decode("utf-8", "replace").rstrip("\n") for line in tail])
+                   stderr_tail=tail.lines())
