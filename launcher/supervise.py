@@ -30,6 +30,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STDERR_TAIL_LINES = 400
 STDERR_TAIL_LINE_BYTES = 2048
 PUMP_CHUNK = 65536
+PUMP_GATHER = 0.001  # seconds to wait after a short read
 
 
 class Outcome(NamedTuple):
@@ -85,6 +86,8 @@ def _pump(source: IO[bytes], sink: Optional[IO[bytes]], tail: Optional[StderrTai
                 sink = None
         if tail is not None:
             tail.feed(chunk)
+        if len(chunk) < PUMP_CHUNK // 4:
+            time.sleep(PUMP_GATHER)  # let a trickle of lines gather: a read and a write per line costs CPU
     source.close()
 
 
