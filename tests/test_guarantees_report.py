@@ -313,6 +313,13 @@ def test_print_report_survives_a_closed_or_broken_stderr():
 
 # --- real launcher runs ----------------------------------------------------------------------------
 
+RECORD_PIDS = """\
+import json, os, sys
+with open(os.path.join(os.environ["WORKER_RECORD_DIR"], "rank%s.json" % os.environ["RANK"]), "w") as fh:
+    json.dump({"rank": int(os.environ["RANK"]), "pid": os.getpid(), "ppid": os.getppid()}, fh)
+"""
+
+
 def run_host(tmp_path, args, wrap=None, nproc=1):
     base = make_host(tmp_path, "algo-1", ["algo-1"])
     argv = ["--nproc-per-node", str(nproc), *args]
@@ -363,7 +370,7 @@ def test_unwritable_output_still_reports_with_the_workers_code(tmp_path, blocker
 def test_unencodable_exception_text_reaches_file_and_stderr(tmp_path):
     script = tmp_path / "bad_name.py"
     script.write_text(
-        "import os\nfrom torch.distributed.elastic.multiprocessing.errors import record\n\n"
+        RECORD_PIDS + "from torch.distributed.elastic.multiprocessing.errors import record\n\n"
         "@record\ndef main():\n"
         "    raise FileNotFoundError('no such file: ' + os.fsdecode(b'/data/\\xff\\xfe.txt'))\n\n"
         "main()\n")
@@ -374,6 +381,21 @@ def test_unencodable_exception_text_reaches_file_and_stderr(tmp_path):
                                      "FileNotFoundError: no such file: /data/\\udcff\\udcfe.txt"]
     assert "bad_name.py" in text
     assert report_on_stderr(err, text.splitlines()[0]) == text.rstrip("\n").splitlines()
+
+
+def test_closed_stdout_neither_blocks_torchrun_nor_changes_the_code(tmp_path):
+    """Whoever read the launcher's stdout went away: worker output keeps draining, the report gets out."""
+    script = tmp_path / "chatty.py"
+    script.write_text(RECORD_PIDS + "for i in range(200000):\n    print('progress line', i)\nsys.exit(7)\n")
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    proc = start_launcher(base, ["--nproc-per-node", "1", str(script)], free_port(), ["algo-1"])
+    proc.stdout.close()  # 4 MB of stdout to a pipe nobody reads: EPIPE for the launcher
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 7, err[-3000:]
+    report = report_on_stderr(err, "algo-1: rank 0 (local rank 0) exited with code 7")
+    assert report == (base / "output" / "failure").read_text().splitlines()
+    assert len(job_pids(proc, base)) == 3  # the launcher, torchrun, the worker
+    assert_gone(job_pids(proc, base))
 
 
 def test_rank_exiting_on_its_own_is_the_cause_not_torchruns_sigterm(tmp_path):
