@@ -390,8 +390,15 @@ def test_closed_stdout_neither_blocks_torchrun_nor_changes_the_code(tmp_path):
     base = make_host(tmp_path, "algo-1", ["algo-1"])
     proc = start_launcher(base, ["--nproc-per-node", "1", str(script)], free_port(), ["algo-1"])
     proc.stdout.close()  # 4 MB of stdout to a pipe nobody reads: EPIPE for the launcher
-    err = proc.stderr.read()
-    assert proc.wait(timeout=120) == 7, err[-3000:]
+    proc.stdout = None
+    try:
+        _out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # its watchdog then kills torchrun and the worker
+        proc.communicate()
+        assert_gone(job_pids(proc, base))
+        pytest.fail("the launcher hung: torchrun blocked on a full stdout pipe nobody drained")
+    assert proc.returncode == 7, err[-3000:]
     report = report_on_stderr(err, "algo-1: rank 0 (local rank 0) exited with code 7")
     assert report == (base / "output" / "failure").read_text().splitlines()
     assert len(job_pids(proc, base)) == 3  # the launcher, torchrun, the worker
