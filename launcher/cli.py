@@ -1,22 +1,15 @@
-"""``ddp-launcher`` / ``python -m launcher``: start one torchrun on this host of a training cluster.
+"""ddp-launcher (python -m launcher): start one torchrun on this host of a training cluster.
 
-Usage::
+Usage:
 
     ddp-launcher [options] train.py [script args...]
     ddp-launcher --train-script train.py [script args and options in any order]   # SageMaker form
-    ddp-launcher simulate --hosts 2 [...] -- train.py [script args...]             # see simulate
+    ddp-launcher simulate --hosts 2 [...] -- train.py [script args...]             # see simulate --help
     ddp-launcher bundle train.py --out DIR       # stage what a SageMaker estimator uploads
 
-Options (each also ``LAUNCHER_<NAME>`` in the environment; see :mod:`launcher.options`)::
-
-    --train-script PATH      the training script
-    --nproc-per-node N       processes per host (default: SM_NUM_GPUS, SM_NUM_NEURONS, GPUs, 1)
-    --master-port PORT       rendezvous port on the first host (default 7777, as on SageMaker)
-    --rdzv-timeout SECONDS   how long hosts wait for each other (default 900)
-    --max-restarts N         torchrun restarts of the workers (default 0)
-    --grace-period SECONDS   after SIGTERM/SIGINT/SIGHUP, time before everything is killed (default 90)
-    --resolve H=ADDR,...     addresses for host names this machine cannot resolve (simulated hosts)
-    --dry-run [--json]       print the platform, evidence, cluster, torchrun argv and environment
+The launcher runs once on every host. It finds the platform (below), works out the number of nodes,
+this node's rank, the master and the processes per node, and starts one torchrun with the script
+and its arguments untouched. What it would start, and why, is printed by --dry-run.
 
 Exit codes: 0 when every worker succeeded; else the root-cause worker's own exit code, 128+N when
 it died of signal N, 128+N when the launcher was stopped by signal N and the workers did not finish
@@ -32,12 +25,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from launcher import hyperparameters
+from launcher import platforms
 from launcher.cluster import Cluster
-from launcher.command import Launch, build_launch
-from launcher.errors import ConfigError
-from launcher.options import Invocation, parse_invocation
-from launcher.platforms import resolve_cluster, sagemaker
+from launcher.command import Launch, build_launch, master_port
+from launcher.errors import ConfigError, shown
+from launcher.options import Invocation, help_text, parse_invocation
 
 PROG = "ddp-launcher"
 
@@ -52,60 +44,61 @@ class Plan(NamedTuple):
     """Everything decided before anything starts."""
 
     invocation: Invocation
+    choice: platforms.Choice
     cluster: Cluster
     launch: Launch
+    grace_period: float
     notes: tuple[str, ...]
-
-
-def _repair_argv(argv: Sequence[str], environ: Mapping[str, str], notes: list[str]) -> list[str]:
-    path = sagemaker.config_path(environ, "hyperparameters.json")
-    if not os.path.isfile(path):
-        return list(argv)
-    raw = sagemaker.read_json(path)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a JSON object, found {raw!r}")
-    repaired = hyperparameters.repair_split_argv(argv, raw)
-    if repaired is None:
-        return list(argv)
-    notes.append(f"the argv was split at spaces by an old AWS toolkit; rebuilt it from {path}: "
-                 f"{shlex.join(repaired)}")
-    return repaired
 
 
 def _check_script(script: str) -> None:
     if not os.path.isfile(script):
-        raise ConfigError(f"training script not found: {script!r} (in {os.getcwd()})")
+        raise ConfigError(f"training script not found: {shown(script)} (in {os.getcwd()})")
     if not os.access(script, os.R_OK):
-        raise ConfigError(f"training script is not readable: {script!r}")
+        raise ConfigError(f"training script is not readable: {shown(script)}")
 
 
 def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str] = None) -> Plan:
     """Read the options, the platform's files and variables; decide the launch. Starts nothing."""
     notes: list[str] = []
-    invocation = parse_invocation(_repair_argv(argv, environ, notes), environ)
-    cluster = resolve_cluster(environ, invocation.options.nproc_per_node)
+    invocation = parse_invocation(argv, environ)
+    choice = platforms.choose(environ, invocation.options.platform)
+    prepared = choice.platform.prepare_argv(argv, environ, notes)
+    if prepared != list(argv):
+        invocation = parse_invocation(prepared, environ)
+    cluster = choice.platform.resolve(environ, invocation.options)
     _check_script(invocation.script)
     run_dir = run_dir or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{PROG}-{os.getpid()}")
     launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
-                          environ, run_dir)
-    return Plan(invocation, cluster, launch, tuple(notes) + launch.notes)
+                          environ, run_dir, choice.platform.fabric_env(cluster))
+    grace = invocation.options.grace_period or choice.platform.grace_period
+    return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes)
+
+
+def _block(label: str, items: Sequence[str]) -> list[str]:
+    return [(f"{label + ':':<11}" if i == 0 else " " * 11) + item for i, item in enumerate(items)]
 
 
 def describe(p: Plan, as_json: bool) -> str:
-    """The dry run's text: platform, evidence, cluster, torchrun argv, environment changes."""
-    if as_json:
-        return json.dumps({"platform": p.cluster.platform, "evidence": list(p.cluster.evidence),
-                           "cluster": p.cluster.to_dict(), "argv": list(p.launch.argv),
-                           "env": dict(p.launch.env_changes), "notes": list(p.notes)}, indent=2)
+    """The dry run's text: platform and why, evidence, cluster, torchrun argv, environment changes."""
     c = p.cluster
-    master = f"{c.master_addr}:{p.invocation.options.master_port}" if c.nnodes > 1 else "(standalone)"
-    lines = [f"platform:  {c.platform}",
-             *[("evidence:  " if i == 0 else "           ") + e for i, e in enumerate(c.evidence)],
+    if as_json:
+        return json.dumps({"platform": c.platform, "why": p.choice.why,
+                           "matched": {name: list(ev) for name, ev in p.choice.matches},
+                           "evidence": list(c.evidence), "cluster": c.to_dict(), "argv": list(p.launch.argv),
+                           "env": dict(p.launch.env_changes), "env_removed": list(p.launch.env_removed),
+                           "grace_period": p.grace_period, "notes": list(p.notes)}, indent=2)
+    port = master_port(c, p.invocation.options)
+    master = f"{c.master_addr}:{port}" if c.nnodes > 1 else "(standalone)"
+    lines = [f"platform:  {c.platform}: {p.choice.why}",
+             *_block("matched", [f"{name}: {'; '.join(ev)}" for name, ev in p.choice.matches]),
+             *_block("evidence", list(c.evidence)),
              f"cluster:   host {c.current_host}, node {c.node_rank} of {c.nnodes}, master {master}, "
              f"{c.nproc_per_node} process(es) per node, world size {c.nnodes * c.nproc_per_node}",
              f"command:   {shlex.join(p.launch.argv)}",
-             *[("env:       " if i == 0 else "           ") + f"{k}={v}"
-               for i, (k, v) in enumerate(p.launch.env_changes.items())],
+             *_block("env", [f"{k}={v}" for k, v in p.launch.env_changes.items()]),
+             *_block("removed", [f"{k} (inherited; torchrun would read it)" for k in p.launch.env_removed]),
+             f"stop:      grace period {p.grace_period:g} s after SIGTERM/SIGINT/SIGHUP",
              *[f"note:      {n}" for n in p.notes]]
     return "\n".join(lines)
 
@@ -118,19 +111,21 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
     c = p.cluster
     for note in p.notes:
         log(note)
+    log(f"platform {c.platform}: {p.choice.why}")
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
     try:
-        outcome = supervise(p.launch, environ, p.invocation.options.grace_period, log)
+        outcome = supervise(p.launch, environ, p.grace_period, log)
         cause = failure.find_root_cause(outcome, p.launch)
         code = failure.exit_code(outcome, cause)
         if code != 0:
             options = p.invocation.options
-            rendezvous = (f"{c.master_addr}:{options.master_port} as node {c.node_rank} of {c.nnodes}, "
+            rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "
                           f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
             report = failure.compose_report(c, outcome, cause, code, rendezvous)
-            if c.base_dir is not None:
-                failure.write_failure_file(c.base_dir, report)
+            path = p.choice.platform.report_path(environ)
+            if path is not None:
+                failure.write_failure_file(path, report[:p.choice.platform.report_limit])
             sys.stdout.flush()
             sys.stderr.write(report + "\n")
             sys.stderr.flush()
@@ -151,11 +146,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return simulate_main(args[1:])
     if args and args[0] == "bundle":
-        from launcher.bundle import main as bundle_main
+        from launcher.platforms.sagemaker.bundle import main as bundle_main
 
         return bundle_main(args[1:])
     if args and args[0] in ("-h", "--help"):
-        print(__doc__)
+        print(help_text(__doc__, [(pl.name, pl.reads) for pl, _ in platforms.ORDER]))
         return 0
     environ = dict(os.environ)
     try:

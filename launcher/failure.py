@@ -193,9 +193,8 @@ def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause
     return text[:REPORT_LIMIT]
 
 
-def write_failure_file(base_dir: str, report: str) -> str:
-    """Write ``output/failure`` (its first 1024 characters become SageMaker's FailureReason)."""
-    path = os.path.join(base_dir, "output", "failure")
+def write_failure_file(path: str, report: str) -> str:
+    """Write the report where the platform shows it (SageMaker: ``output/failure``)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(report)

@@ -88,6 +88,7 @@ class Spec(NamedTuple):
     default: object
     expects: str
     help: str
+    metavar: str = ""
 
     @property
     def flags(self) -> tuple[str, str]:
@@ -103,17 +104,23 @@ class Spec(NamedTuple):
 
 
 SPECS: tuple[Spec, ...] = (
-    Spec("train_script", str, None, "a path", "the training script (the SageMaker form names it so)"),
+    Spec("train_script", str, None, "a path", "the training script (the SageMaker form names it so)",
+         metavar="PATH"),
+    Spec("platform", str, None, "a platform name", "skip detection: the cluster type to read (see below)",
+         metavar="NAME"),
     Spec("nproc_per_node", _positive_int, None, "a whole number >= 1",
-         "processes per host; default SM_NUM_GPUS, else SM_NUM_NEURONS, else GPUs found, else 1"),
-    Spec("master_port", _port, 7777, "a port 1-65535", "port of the rendezvous on the first host"),
+         "processes per host; default SM_NUM_GPUS, else SM_NUM_NEURONS, else GPUs found, else 1", metavar="N"),
+    Spec("master_port", _port, None, "a port 1-65535",
+         "port of the rendezvous on the first host; default the platform's (SageMaker 7777, else 29500)",
+         metavar="PORT"),
     Spec("rdzv_timeout", _positive_int, 900, "seconds >= 1",
-         "how long hosts wait for each other at the start"),
-    Spec("max_restarts", _non_negative_int, 0, "a whole number >= 0", "torchrun restarts of the workers"),
-    Spec("grace_period", _positive_float, 90.0, "seconds > 0",
-         "after a stop signal, how long workers may take before the whole tree is killed"),
+         "how long hosts wait for each other at the start", metavar="SECONDS"),
+    Spec("max_restarts", _non_negative_int, 0, "a whole number >= 0", "torchrun restarts of the workers", metavar="N"),
+    Spec("grace_period", _positive_float, None, "seconds > 0",
+         "after a stop signal, how long workers may take before the whole tree is killed; default "
+         "inside the platform's own kill window (SageMaker 90, elsewhere 25)", metavar="SECONDS"),
     Spec("resolve", parse_resolve, {}, "HOST=ADDR[,HOST=ADDR...]",
-         "addresses for host names the machine cannot resolve (simulated hosts)"),
+         "addresses for host names the machine cannot resolve (simulated hosts)", metavar="HOST=ADDR,..."),
     Spec("dry_run", parse_bool, False, "true or false", "print what would be launched and exit"),
     Spec("json", parse_bool, False, "true or false", "with --dry-run: print it as JSON"),
 )
@@ -124,11 +131,12 @@ class Options(NamedTuple):
     """The launcher's options after parsing (see :data:`SPECS` for their meaning)."""
 
     train_script: Optional[str]
+    platform: Optional[str]
     nproc_per_node: Optional[int]
-    master_port: int
+    master_port: Optional[int]
     rdzv_timeout: int
     max_restarts: int
-    grace_period: float
+    grace_period: Optional[float]
     resolve: dict
     dry_run: bool
     json: bool
@@ -229,3 +237,34 @@ def parse_invocation(argv: Sequence[str], environ: Mapping[str, str]) -> Invocat
     if not script:
         raise ConfigError("invalid value for --train-script: '' (expected a path)")
     return Invocation(options, script, script_args, sagemaker_form)
+
+
+def option_rows() -> list[tuple[str, str, str]]:
+    """``(flag and value, environment variable, meaning)`` per option: the help and README tables."""
+    rows = []
+    for spec in SPECS:
+        flag = spec.flags[0] if spec.is_bool else f"{spec.flags[0]} {spec.metavar}"
+        default = f" (default {spec.default:g})" if isinstance(spec.default, (int, float)) and \
+            not isinstance(spec.default, bool) else ""
+        rows.append((flag, spec.env, spec.help + default))
+    return rows
+
+
+def help_text(manual: str, platforms: Sequence[tuple[str, str]]) -> str:
+    """``--help``: the command's manual, then the options and platforms, from the parser's own tables."""
+    import textwrap  # only for --help
+
+    def table(rows: Sequence[tuple[str, str]]) -> list[str]:
+        width = max(len(left) for left, _ in rows)
+        out = []
+        for left, right in rows:
+            wrapped = textwrap.wrap(right, 100 - width - 4) or [""]
+            out.append(f"  {left:<{width}}  {wrapped[0]}")
+            out += [" " * (width + 4) + more for more in wrapped[1:]]
+        return out
+
+    lines = [manual.strip(), "", "Options (each also LAUNCHER_<NAME> in the environment):", ""]
+    lines += table([(flag, meaning) for flag, _, meaning in option_rows()])
+    lines += ["", "Platforms, in detection order (the first whose variables or files are present wins):", ""]
+    lines += table(list(platforms))
+    return "\n".join(lines) + "\n"

@@ -18,7 +18,8 @@ from typing import Any, Optional
 import pytest
 from conftest import PYTHON, REPO, LiveProcess, assert_gone, launcher_env
 
-from launcher import hyperparameters, proctree, simulate
+from launcher import proctree, simulate
+from launcher.platforms.sagemaker import hyperparameters
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "ddp_allreduce.py")
 RUN_TIMEOUT = 150.0

@@ -18,7 +18,7 @@ Each host ``algo-i`` gets what a SageMaker host gets, written in AWS's formats:
   ``resourceconfig.json``, ``hyperparameters.json`` (JSON-encoded values and the ``sagemaker_*``
   entries, as SDK v2 writes them), ``inputdataconfig.json`` and ``checkpointconfig.json``;
   ``input/data/<channel>``; ``code/``; ``model/``; ``output/data/``; ``checkpoints/``.
-- The source bundle (:func:`launcher.bundle.stage_bundle`) is packed once into
+- The source bundle (:func:`launcher.platforms.sagemaker.bundle.stage_bundle`) is packed once into
   ``DIR/sourcedir.tar.gz``, the file the SDK uploads; ``sagemaker_submit_directory`` names it. Without
   ``--toolkit`` simulate extracts it into each ``code/``; with ``--toolkit`` AWS's toolkit does
   (``files.download_and_extract``), as on SageMaker.

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from launcher import bundle
 from launcher.errors import ConfigError
+from launcher.platforms.sagemaker import bundle
 from launcher.simulate.sagemaker_files import sdk_entries
 
 PROG = "ddp-launcher simulate"

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from launcher import bundle, hyperparameters
+from launcher.platforms.sagemaker import bundle, hyperparameters
 from launcher.simulate.config import Config
 from launcher.simulate.sagemaker_files import GROUP, LOG_LEVEL, REGION
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from launcher import bundle, hyperparameters
 from launcher.errors import ConfigError
+from launcher.platforms.sagemaker import bundle, hyperparameters
 from launcher.simulate.config import Config
 from launcher.simulate.environment import caller_environment, estimator_environment, host_environment
 from launcher.simulate.sagemaker_files import (

@@ -1,0 +1,132 @@
+"""The interface every cluster module implements, and the small readers they share.
+
+A platform module defines one subclass of :class:`Platform` and one instance of it, ``PLATFORM``.
+Only :meth:`Platform.detect` and :meth:`Platform.resolve` are required; the rest are the few things
+that differ between clusters, with defaults for a cluster that offers nothing special.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from launcher.cluster import Cluster
+from launcher.errors import ConfigError, shown
+from launcher.options import Options
+from launcher.platforms.devices import count_gpus
+
+MAX_NPROC = 1024  # more processes than any machine has cores or devices: a typo, not a plan
+
+
+class Platform:
+    """One kind of cluster: how to recognise it and how to read this node's place in it."""
+
+    name: str = ""
+    #: One line for ``--help``: what the platform reads.
+    reads: str = ""
+    #: The default ``--grace-period``: the platform kills the job this long after its stop signal,
+    #: so the launcher's own deadline sits a few seconds inside that window.
+    grace_period: float = 25.0
+    #: How much of the failure report the platform shows (characters); 0: the report goes to stderr only.
+    report_limit: int = 0
+    #: True where the platform itself starts one process per GPU (then ``--nproc-per-node`` is 1).
+    starts_process_per_gpu: bool = False
+
+    def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:
+        """The variables or files that show this platform (empty: not this platform). Pure."""
+        raise NotImplementedError
+
+    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+        """This node's view of the cluster. Raises :class:`ConfigError` on bad input."""
+        raise NotImplementedError
+
+    def report_path(self, environ: Mapping[str, str]) -> Optional[str]:
+        """Where the platform looks for a failure report (None: stderr only)."""
+        return None
+
+    def fabric_env(self, cluster: Cluster, dev_dir: str = "/dev") -> dict[str, str]:
+        """Network or fabric variables this platform's hosts need (a variable the user set wins)."""
+        return {}
+
+    def prepare_argv(self, argv: Sequence[str], environ: Mapping[str, str], notes: list[str]) -> list[str]:
+        """The launcher's argv as the platform meant it (a platform may repair what it damaged)."""
+        return list(argv)
+
+
+def read_json(path: str) -> Any:
+    """Load a JSON file; unreadable, undecodable or malformed is a :class:`ConfigError` naming it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except RecursionError:
+        raise ConfigError(f"malformed JSON in {path}: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8
+        raise ConfigError(f"malformed JSON in {path}: {exc}") from None
+
+
+def parse_json(text: str, name: str, expects: str) -> Any:
+    """A variable's JSON value; malformed is a :class:`ConfigError` naming the variable."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{name} is not {expects}: nested too deeply") from None
+    except ValueError:
+        raise ConfigError(f"{name} is not {expects}: {shown(text)}") from None
+
+
+def whole_number(environ: Mapping[str, str], name: str, minimum: int = 0,
+                 maximum: Optional[int] = None) -> Optional[int]:
+    """A variable holding a whole number (None when unset or empty); anything else is a ConfigError."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name} is not a whole number: {shown(environ[name])}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"{minimum}-{maximum}" if maximum is not None else f">= {minimum}"
+        raise ConfigError(f"{name} must be {bound}: {shown(environ[name])}")
+    return value
+
+
+def node_rank_in(nnodes: int, rank: Optional[int], rank_name: str, count_name: str) -> int:
+    """Check a node rank against the node count; both must be known."""
+    if rank is None:
+        raise ConfigError(f"{rank_name} is not set (needed with {count_name}={nnodes})")
+    if not 0 <= rank < nnodes:
+        raise ConfigError(f"{rank_name}={rank} is not a node of {count_name}={nnodes} (0-{nnodes - 1})")
+    return rank
+
+
+def nproc_per_node(options: Options, evidence: list[str], dev_dir: str = "/dev",
+                   platform_counts: Sequence[tuple[str, Optional[int]]] = ()) -> int:
+    """Processes per node: the option, else the platform's first non-zero count, else GPUs, else 1.
+
+    ``platform_counts`` are ``(variable, value)`` pairs the platform publishes (e.g. SageMaker's
+    ``SM_NUM_GPUS``); a zero counts as absent (SageMaker writes 0 on CPU instances).
+    """
+    if options.nproc_per_node is not None:
+        evidence.append(f"--nproc-per-node {options.nproc_per_node}")
+        return options.nproc_per_node
+    for name, value in platform_counts:
+        if value:
+            evidence.append(f"{name}={value}")
+            return value
+        if value == 0:
+            evidence.append(f"{name}=0")
+    gpus = count_gpus(dev_dir)
+    if gpus:
+        evidence.append(f"{gpus} GPU device(s) in {dev_dir}")
+        return gpus
+    evidence.append("no GPU device: 1 process (CPU, gloo)")
+    return 1
+
+
+def this_host() -> str:
+    """This machine's host name, as the kernel has it (no DNS look-up)."""
+    return os.uname().nodename
