@@ -13,13 +13,22 @@ from typing import NamedTuple, Optional
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
 from launcher.options import Options
-from launcher.platforms import local, sagemaker
+from launcher.platforms import env, kubeflow, local, oci, sagemaker, vertex
 from launcher.platforms.base import Platform
 
 # Detection order: the first platform whose evidence is present wins. Why each stands where it does:
 ORDER: tuple[tuple[Platform, str], ...] = (
     (sagemaker.PLATFORM, "its files and SM_* variables are written by AWS alone; a SageMaker job may "
                          "also carry MASTER_ADDR-style variables a user set"),
+    (kubeflow.PLATFORM, "Kubernetes' KUBERNETES_SERVICE_HOST with the training-operator's MASTER_ADDR + WORLD_SIZE "
+                        "+ RANK or PET_RDZV_ENDPOINT; before kubeflow-v2: v1 pods may carry v2's PET_* names too"),
+    (kubeflow.PLATFORM_V2, "Kubernetes with PET_NNODES + PET_NODE_RANK + PET_MASTER_ADDR: all that Trainer v2 injects"),
+    (vertex.PLATFORM, "CLUSTER_SPEC is written by Vertex AI alone; its PyTorch containers also export "
+                      "MASTER_ADDR/RANK/WORLD_SIZE, so it stands before env"),
+    (oci.PLATFORM, "JOB_RUN_OCID, OCI__* and CLUSTER_NODES_METADATA_FILE are OCI's alone; its drivers also set "
+                   "NODE_RANK, so it stands before env"),
+    (env.PLATFORM, "MASTER_ADDR/NODE_RANK/NNODES (or PET_*) are generic: every platform above sets some of them, "
+                   "so they decide only when no cluster manager was recognised"),
     (local.PLATFORM, "always matches: the fallback when no cluster manager was found"),
 )
 PLATFORMS: dict[str, Platform] = {platform.name: platform for platform, _ in ORDER}

@@ -50,6 +50,11 @@ class Platform:
         """Network or fabric variables this platform's hosts need (a variable the user set wins)."""
         return {}
 
+    def names_to_wait_for(self, cluster: Cluster) -> tuple[str, ...]:
+        """Host names that may resolve only after the job started: the launcher waits for them
+        (bounded, see :func:`launcher.preflight.wait_for_names`) before it starts torchrun."""
+        return ()
+
     def prepare_argv(self, argv: Sequence[str], environ: Mapping[str, str], notes: list[str]) -> list[str]:
         """The launcher's argv as the platform meant it (a platform may repair what it damaged)."""
         return list(argv)
@@ -125,6 +130,71 @@ def nproc_per_node(options: Options, evidence: list[str], dev_dir: str = "/dev",
         return gpus
     evidence.append("no GPU device: 1 process (CPU, gloo)")
     return 1
+
+
+def torchrun_nproc(word: str, name: str, options: Options, evidence: list[str], dev_dir: str = "/dev") -> int:
+    """Processes per node from a value in torchrun's ``--nproc-per-node`` language (the option wins).
+
+    A whole number, or torchrun's words (``torch/distributed/run.py`` ``determine_local_world_size``):
+    ``gpu`` = the GPUs (none is an error), ``cpu`` = the usable CPUs, ``auto`` = the GPUs, else the CPUs.
+    """
+    if options.nproc_per_node is not None:
+        evidence.append(f"--nproc-per-node {options.nproc_per_node} (instead of {name}={word})")
+        return options.nproc_per_node
+    text = word.strip().lower()
+    if text.isdigit():
+        value = int(text)
+        if not 1 <= value <= MAX_NPROC:
+            raise ConfigError(f"{name} must be 1-{MAX_NPROC}, auto, gpu or cpu: {shown(word)}")
+        evidence.append(f"{name}={value}")
+        return value
+    if text not in ("auto", "gpu", "cpu"):
+        raise ConfigError(f"{name} is not a whole number, auto, gpu or cpu: {shown(word)}")
+    gpus = count_gpus(dev_dir) if text != "cpu" else 0
+    if gpus:
+        evidence.append(f"{name}={text}: {gpus} GPU device(s) in {dev_dir}")
+        return gpus
+    if text == "gpu":
+        raise ConfigError(f"{name}=gpu but this host has no GPU device in {dev_dir}")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    evidence.append(f"{name}={text}: {cpus} usable CPU(s) (torchrun's meaning of {text!r} without a GPU)")
+    return cpus
+
+
+def node_count(environ: Mapping[str, str], name: str) -> Optional[int]:
+    """A node count: a whole number >= 1, or an elastic range ``MIN:MAX`` whose ends are equal."""
+    text = environ.get(name, "").strip()
+    if ":" not in text:
+        return whole_number(environ, name, minimum=1)
+    low, _, high = text.partition(":")
+    if not (low.strip().isdigit() and high.strip().isdigit()):
+        raise ConfigError(f"{name} is not a node count or MIN:MAX: {shown(environ[name])}")
+    if int(low) != int(high) or int(low) < 1:
+        raise ConfigError(f"{name}={text} is an elastic range: the launcher's static rendezvous needs a fixed "
+                          "node count (set min and max replicas equal)")
+    return int(low)
+
+
+def first_set(environ: Mapping[str, str], names: Sequence[str]) -> Optional[str]:
+    """The first of ``names`` that is set and not empty; another one set to a different value is an error."""
+    chosen = None
+    for name in names:
+        value = environ.get(name, "").strip()
+        if not value:
+            continue
+        if chosen is None:
+            chosen = name
+        elif value != environ[chosen].strip():
+            raise ConfigError(f"{chosen}={shown(environ[chosen])} and {name}={shown(environ[name])} disagree")
+    return chosen
+
+
+def host_and_port(address: str, source: str) -> tuple[str, int]:
+    """``host:port`` -> its parts; anything else is a :class:`ConfigError` naming ``source``."""
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{source}: not HOST:PORT: {shown(address)}")
+    return host, int(port)
 
 
 def this_host() -> str:
