@@ -112,6 +112,15 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
     for note in p.notes:
         log(note)
     log(f"platform {c.platform}: {p.choice.why}")
+    names = p.choice.platform.names_to_wait_for(c)
+    if names:
+        from launcher.preflight import wait_for_names
+
+        try:
+            wait_for_names(names, p.invocation.options.resolve, float(p.invocation.options.rdzv_timeout), log)
+        except ConfigError as exc:
+            sys.stderr.write(f"{PROG}: error: {exc}\n")
+            return 2
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
     try:

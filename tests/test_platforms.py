@@ -150,7 +150,7 @@ BAD = [
     ("env", {"MASTER_ADDR": "m", "NNODES": "2", "NODE_RANK": "2"}, "NODE_RANK=2"),
     ("env", {"MASTER_ADDR": "m", "NNODES": "2", "NODE_RANK": "x"}, "NODE_RANK is not a whole number: 'x'"),
     ("env", {"NNODES": "2", "NODE_RANK": "1"}, "MASTER_ADDR is not set"),
-    ("env", {"MASTER_ADDR": "m"}, "without NNODES"),
+    ("env", {"MASTER_ADDR": "m", "NODE_RANK": "1"}, "without NNODES"),
     ("env", {"MASTER_ADDR": "a", "PET_MASTER_ADDR": "b", "NNODES": "2", "NODE_RANK": "1"}, "disagree"),
 ]
 
@@ -343,3 +343,9 @@ def test_real_two_hosts_two_processes(tmp_path, name):
     assert {r["group_rank"] for r in second.values()} == {1}
     pids = {p.pid for p in procs} | {x for r in [*first.values(), *second.values()] for x in (r["pid"], r["ppid"])}
     assert_gone(pids)
+
+
+def test_master_addr_alone_is_a_workstation_not_a_cluster():
+    # Single-machine scripts often export MASTER_ADDR; without a node rank or count it names no cluster.
+    choice = platforms.choose({"MASTER_ADDR": "localhost", "MASTER_PORT": "29500"})
+    assert choice.platform.name == "local"

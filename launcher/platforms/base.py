@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -17,6 +18,7 @@ from launcher.errors import ConfigError, shown
 from launcher.options import Options
 from launcher.platforms.devices import count_gpus
 
+_ADDRESS = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
 MAX_NPROC = 1024  # more processes than any machine has cores or devices: a typo, not a plan
 
 
@@ -51,13 +53,22 @@ class Platform:
         return {}
 
     def names_to_wait_for(self, cluster: Cluster) -> tuple[str, ...]:
-        """Host names that may resolve only after the job started: the launcher waits for them
-        (bounded, see :func:`launcher.preflight.wait_for_names`) before it starts torchrun."""
-        return ()
+        """Host names torchrun will need (several nodes: the master, this node's own address), which
+        may resolve only after the job started: the launcher waits for them (bounded, see
+        :func:`launcher.preflight.wait_for_names`) before it starts torchrun. One node needs none."""
+        if cluster.nnodes < 2:
+            return ()
+        names = (cluster.master_addr, cluster.local_addr)
+        return tuple(dict.fromkeys(n for n in names if n and not is_address(n)))
 
     def prepare_argv(self, argv: Sequence[str], environ: Mapping[str, str], notes: list[str]) -> list[str]:
         """The launcher's argv as the platform meant it (a platform may repair what it damaged)."""
         return list(argv)
+
+
+def is_address(text: str) -> bool:
+    """True for an IPv4 or IPv6 address (nothing to resolve), False for a host name."""
+    return bool(_ADDRESS.match(text)) or ":" in text
 
 
 def read_json(path: str) -> Any:

@@ -12,7 +12,6 @@ recipes in PyTorch's documentation export. A ``RANK`` without a node rank is amb
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from launcher.cluster import Cluster
@@ -29,8 +28,10 @@ from launcher.platforms.base import (
     whole_number,
 )
 
-SIGNALS = ("MASTER_ADDR", "PET_MASTER_ADDR", "NODE_RANK", "PET_NODE_RANK", "NNODES", "PET_NNODES")
-_IP = re.compile(r"^[0-9.]+$|:")
+ADDRESSES = ("MASTER_ADDR", "PET_MASTER_ADDR")
+# A cluster shows a node rank or a count; MASTER_ADDR alone (often exported on a workstation for
+# single-machine scripts) is not one, and leaves the host to `local`.
+SHAPES = ("NODE_RANK", "PET_NODE_RANK", "NNODES", "PET_NNODES", "RANK", "WORLD_SIZE")
 
 
 class TorchrunEnvironment(Platform):
@@ -41,7 +42,9 @@ class TorchrunEnvironment(Platform):
              "or torchrun's PET_* names for them")
 
     def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:
-        return tuple(f"{name} is set" for name in SIGNALS if environ.get(name))
+        if not any(environ.get(name) for name in SHAPES):
+            return ()
+        return tuple(f"{name} is set" for name in ADDRESSES + SHAPES if environ.get(name))
 
     def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
         evidence: list[str] = []
@@ -76,10 +79,6 @@ class TorchrunEnvironment(Platform):
             nproc = nproc_per_node(options, evidence, dev_dir)
         return Cluster(platform=self.name, nnodes=nnodes, node_rank=rank, nproc_per_node=nproc,
                        current_host=this_host(), master_addr=master, master_port=port, evidence=tuple(evidence))
-
-    def names_to_wait_for(self, cluster: Cluster) -> tuple[str, ...]:
-        master = cluster.master_addr
-        return (master,) if cluster.nnodes > 1 and master and not _IP.search(master) else ()
 
 
 PLATFORM = TorchrunEnvironment()

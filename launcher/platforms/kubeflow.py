@@ -48,7 +48,6 @@ from launcher.platforms.base import (
 TERMINATION_LOG = "/dev/termination-log"
 V1_DEFAULT_PORT = 23456  # PyTorchJob's default container port "pytorchjob-port"
 _WORKER_POD = re.compile(r"^(?P<job>.+)-worker-(?P<index>\d+)$")
-_IP = re.compile(r"^[0-9.]+$|:")
 
 
 def _kubernetes(environ: Mapping[str, str]) -> list[str]:
@@ -73,10 +72,6 @@ class _Kubeflow(Platform):
 
     def report_path(self, environ: Mapping[str, str]) -> Optional[str]:
         return self.termination_log if os.access(self.termination_log, os.W_OK) else None
-
-    def names_to_wait_for(self, cluster: Cluster) -> tuple[str, ...]:
-        master = cluster.master_addr
-        return (master,) if cluster.nnodes > 1 and master and not _IP.search(master) else ()
 
     def _cluster(self, environ: Mapping[str, str], nnodes: int, rank: int, nproc: int, master: Optional[str],
                  port: Optional[int], evidence: list[str]) -> Cluster:
