@@ -17,8 +17,8 @@ v1 code was removed in commit 7858371b4):
 ``--kubeflow-legacy``: training-operator before 1.7, one process per pod (same ``envvar.go`` at v1.6):
 ``PYTHONUNBUFFERED=0``, ``MASTER_PORT``, ``MASTER_ADDR``, ``WORLD_SIZE`` = pods, ``RANK`` = pod index.
 
-Kubernetes itself gives every container ``HOSTNAME`` (the pod name) and the API server's
-``KUBERNETES_SERVICE_HOST``/``KUBERNETES_SERVICE_PORT`` (127.0.0.1 here; nothing contacts it).
+Kubernetes itself gives every container ``HOSTNAME`` (the pod name) and the API server's service
+link variables ``KUBERNETES_SERVICE_*``/``KUBERNETES_PORT*`` (127.0.0.1 here; nothing contacts it).
 """
 
 from __future__ import annotations
@@ -39,8 +39,13 @@ def host_names(job_name: str, count: int) -> tuple[str, ...]:
 
 
 def kubernetes_variables(pod: str) -> dict[str, str]:
-    """What the kubelet gives every container: its pod name and the API server's service."""
-    return {"HOSTNAME": pod, "KUBERNETES_SERVICE_HOST": ADDRESS, "KUBERNETES_SERVICE_PORT": "443"}
+    """What the kubelet gives every container: its pod name and the ``kubernetes`` service's link
+    variables (the API server; 127.0.0.1 here, and nothing contacts it)."""
+    tcp = f"tcp://{ADDRESS}:443"
+    return {"HOSTNAME": pod, "KUBERNETES_SERVICE_HOST": ADDRESS, "KUBERNETES_SERVICE_PORT": "443",
+            "KUBERNETES_SERVICE_PORT_HTTPS": "443", "KUBERNETES_PORT": tcp, "KUBERNETES_PORT_443_TCP": tcp,
+            "KUBERNETES_PORT_443_TCP_PROTO": "tcp", "KUBERNETES_PORT_443_TCP_PORT": "443",
+            "KUBERNETES_PORT_443_TCP_ADDR": ADDRESS}
 
 
 def pod_variables(job_name: str, count: int, index: int, port: int, nproc: Optional[int],
