@@ -17,7 +17,7 @@ from typing import IO, Callable, Optional
 
 from launcher import proctree
 from launcher.simulate.config import Config, Fault
-from launcher.simulate.tree import HostSpec
+from launcher.simulate.hosts.base import HostSpec
 
 BACKSTOP_SECONDS = 5.0  # after the grace period: simulate kills a launcher that is still running
 TICK = 0.05
@@ -110,6 +110,8 @@ class Simulation:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         faults = [ArmedFault(f) for f in self.config.faults if f.host == spec.name]
         run = HostRun(spec, proc, time.monotonic(), faults)
+        if spec.on_start is not None:
+            spec.on_start()
         prefix = f"[{spec.name}] ".encode()
         for source, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             thread = threading.Thread(target=pump, args=(source, sink, prefix, self.lock,
