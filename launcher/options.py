@@ -240,7 +240,7 @@ def _parse_plain(tokens: Sequence[str]) -> tuple[dict[str, object], list[str]]:
             if i + 1 >= len(tokens):
                 raise ConfigError(f"option {token} needs a value ({spec.expects})")
             text, i = tokens[i + 1], i + 1
-        given[spec.name] = _convert(spec, text, token)
+        given[spec.name] = _convert(spec, text, token.partition("=")[0])
         i += 1
     return given, []
 

@@ -61,8 +61,8 @@ def read_json(path: str) -> Any:
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {shown(path)}: {exc.strerror or exc}") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigError(f"cannot read {shown(path)}: {getattr(exc, 'strerror', None) or exc}") from None
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{shown(path)} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a configuration file")
     try:
