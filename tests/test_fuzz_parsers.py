@@ -29,6 +29,7 @@ from launcher.platforms import sagemaker
 from launcher.platforms.sagemaker import hyperparameters
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PER_PLATFORM = settings(FUZZ, max_examples=100)  # the number of platform modules grows: keep the file < 30 s
 MAX_MESSAGE = 1000
 OPTIONS = parse_invocation(["t.py"], {}).options
 
@@ -220,7 +221,7 @@ ALL_NAMES = sorted({name for platform in PLATFORMS for name in platform_names(pl
 def test_each_platform(dirs, platform):
     names = platform_names(platform) or ["NO_NAMES"]
 
-    @FUZZ
+    @PER_PLATFORM
     @given(environ=_environments(names), nproc=st.sampled_from([None, 2]))
     def fuzz(environ, nproc):
         evidence = platform.detect(environ)
