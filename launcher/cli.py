@@ -3,7 +3,7 @@
 Usage:
 
     ddp-launcher [options] train.py [script args...]
-    ddp-launcher --train-script train.py [script args and options in any order]   # SageMaker form
+    ddp-launcher --train-script train.py [--key value ...]  # SageMaker form: AWS's pairs (see options)
     ddp-launcher simulate --hosts 2 [...] -- train.py [script args...]             # see simulate --help
     ddp-launcher bundle train.py --out DIR       # stage what a SageMaker estimator uploads
 
@@ -58,16 +58,26 @@ def _check_script(script: str) -> None:
         raise ConfigError(f"training script is not readable: {shown(script)}")
 
 
+def check_tmpdir(environ: Mapping[str, str]) -> None:
+    """``TMPDIR`` (else /tmp), where the run directory goes, must be a directory this process can write."""
+    path = environ.get("TMPDIR") or "/tmp"
+    if not os.path.isdir(path):
+        raise ConfigError(f"TMPDIR is not a directory: {shown(path)}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"TMPDIR is not writable: {shown(path)}")
+
+
 def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str] = None) -> Plan:
     """Read the options, the platform's files and variables; decide the launch. Starts nothing."""
     notes: list[str] = []
+    # The detected platform repairs the argv first: a split argv is not AWS's --key value pairs.
+    argv = platforms.choose(environ).platform.prepare_argv(argv, environ, notes)
     invocation = parse_invocation(argv, environ)
     choice = platforms.choose(environ, invocation.options.platform)
-    prepared = choice.platform.prepare_argv(argv, environ, notes)
-    if prepared != list(argv):
-        invocation = parse_invocation(prepared, environ)
     cluster = choice.platform.resolve(environ, invocation.options)
     _check_script(invocation.script)
+    if run_dir is None:
+        check_tmpdir(environ)
     run_dir = run_dir or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{PROG}-{os.getpid()}")
     launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
                           environ, run_dir, choice.platform.fabric_env(cluster))

@@ -143,18 +143,23 @@ def test_positional_form_passes_script_args_untouched():
 
 @pytest.mark.parametrize("flag", ["--train-script", "--train_script"])
 def test_sagemaker_form_in_either_spelling(flag):
-    argv = ["-b", "3", "--cfg", "a=1", "--epochs", "10", "--flag", "True", "--grace_period", "30",
-            "--master-port=2345", "--name", "a b", flag, "train.py", "--x"]
+    # AWS's argv: --key value pairs; the launcher's keys are train-script and launcher-*/launcher_*.
+    argv = ["-b", "3", "--cfg", "a=1", "--epochs", "10", "--flag", "True", "--launcher-master-port", "2345",
+            "--launcher_grace_period", "30", "--name", "a b", flag, "train.py", "--x", ""]
     inv = parse_invocation(argv, {})
     assert inv.sagemaker_form and inv.script == "train.py"
-    assert inv.script_args == ("-b", "3", "--cfg", "a=1", "--epochs", "10", "--flag", "True", "--name", "a b", "--x")
+    assert inv.script_args == ("-b", "3", "--cfg", "a=1", "--epochs", "10", "--flag", "True", "--name", "a b",
+                               "--x", "")
     assert inv.options.grace_period == 30.0 and inv.options.master_port == 2345
 
 
 def test_boolean_options_take_sagemaker_spelling():
-    inv = parse_invocation(["--dry-run", "False", "--train-script", "t.py", "--json", "--epochs", "1"], {})
+    inv = parse_invocation(["--epochs", "1", "--launcher-dry-run", "False", "--launcher_json", "True",
+                            "--train-script", "t.py"], {})
     assert inv.options.dry_run is False and inv.options.json is True
     assert inv.script_args == ("--epochs", "1")
+    inv = parse_invocation(["--dry-run", "False", "--json", "t.py", "--epochs", "1"], {})  # the plain form
+    assert inv.options.dry_run is False and inv.options.json is True and inv.script_args == ("--epochs", "1")
     assert [parse_bool(t) for t in ("True", "false", "1", "0")] == [True, False, True, False]
 
 

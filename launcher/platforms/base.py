@@ -15,11 +15,12 @@ from typing import Any, Optional
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
-from launcher.options import Options
+from launcher.options import MAX_NPROC, Options
 from launcher.platforms.devices import count_gpus
 
 _ADDRESS = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
-MAX_NPROC = 1024  # more processes than any machine has cores or devices: a typo, not a plan
+MAX_CONFIG_BYTES = 16 << 20  # a configuration file larger than this is not one (10,000 hosts take 200 kB)
+MAX_COUNT = 1_000_000  # no count a platform publishes (hosts, ranks, devices) is larger: a typo or garbage
 
 
 class Platform:
@@ -72,16 +73,27 @@ def is_address(text: str) -> bool:
 
 
 def read_json(path: str) -> Any:
-    """Load a JSON file; unreadable, undecodable or malformed is a :class:`ConfigError` naming it."""
+    """Load a JSON file; unreadable, too large, empty, not UTF-8 or malformed is a :class:`ConfigError` naming it."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigError(f"cannot read {shown(path)}: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{shown(path)} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a configuration file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{shown(path)} is not UTF-8 text: byte {data[exc.start]:#04x} at offset {exc.start}") \
+            from None
+    if not text.strip():
+        raise ConfigError(f"{shown(path)} is empty (expected JSON)")
+    try:
+        return json.loads(text)
     except RecursionError:
-        raise ConfigError(f"malformed JSON in {path}: nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8
-        raise ConfigError(f"malformed JSON in {path}: {exc}") from None
+        raise ConfigError(f"malformed JSON in {shown(path)}: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and an integer of more digits than Python converts
+        raise ConfigError(f"malformed JSON in {shown(path)}: {exc}") from None
 
 
 def parse_json(text: str, name: str, expects: str) -> Any:
@@ -95,7 +107,7 @@ def parse_json(text: str, name: str, expects: str) -> Any:
 
 
 def whole_number(environ: Mapping[str, str], name: str, minimum: int = 0,
-                 maximum: Optional[int] = None) -> Optional[int]:
+                 maximum: int = MAX_COUNT) -> Optional[int]:
     """A variable holding a whole number (None when unset or empty); anything else is a ConfigError."""
     text = environ.get(name, "").strip()
     if not text:
@@ -104,8 +116,8 @@ def whole_number(environ: Mapping[str, str], name: str, minimum: int = 0,
         value = int(text)
     except ValueError:
         raise ConfigError(f"{name} is not a whole number: {shown(environ[name])}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"{minimum}-{maximum}" if maximum is not None else f">= {minimum}"
+    if not minimum <= value <= maximum:
+        bound = f">= {minimum}" if value < minimum and maximum == MAX_COUNT else f"{minimum}-{maximum}"
         raise ConfigError(f"{name} must be {bound}: {shown(environ[name])}")
     return value
 
@@ -130,6 +142,8 @@ def nproc_per_node(options: Options, evidence: list[str], dev_dir: str = "/dev",
         evidence.append(f"--nproc-per-node {options.nproc_per_node}")
         return options.nproc_per_node
     for name, value in platform_counts:
+        if value is not None and value > MAX_NPROC:
+            raise ConfigError(f"{name}={value} is more processes per node than {MAX_NPROC}: not a device count")
         if value:
             evidence.append(f"{name}={value}")
             return value

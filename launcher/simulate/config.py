@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, shown
 from launcher.platforms.sagemaker import bundle
 from launcher.simulate.hosts import BUILDERS, DEFAULT, builder
 from launcher.simulate.hosts.sagemaker_files import sdk_entries
@@ -29,6 +29,7 @@ DEFAULT_INSTANCE_TYPE = "ml.m5.xlarge"
 DEFAULT_GRACE_PERIOD = 5.0
 SCRIPT_KEYS = ("train-script", "train_script")
 MAX_HYPERPARAMETERS, MAX_KEY_CHARS, MAX_VALUE_CHARS = 100, 256, 2500  # CreateTrainingJob's limits
+MAX_DEPTH = 100  # JSON nesting of a value: deeper ones break the JSON writers' recursion down the line
 CHANNEL_NAME = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
 JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 KUBERNETES_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1035 label
@@ -139,7 +140,7 @@ def decode_value(text: str) -> Any:
     """A command-line value as the user meant it: JSON where it parses, else the text."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to be meant as JSON
         return text
 
 
@@ -179,10 +180,12 @@ def parse_hyperparameters_json(text: Optional[str]) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(text)
+    except RecursionError:
+        raise ConfigError("--hyperparameters is not valid JSON: nested too deeply") from None
     except ValueError as exc:
-        raise ConfigError(f"--hyperparameters is not valid JSON ({exc}): {text!r}") from None
+        raise ConfigError(f"--hyperparameters is not valid JSON ({exc}): {shown(text)}") from None
     if not isinstance(value, dict):
-        raise ConfigError(f"--hyperparameters must be a JSON object, found {text!r}")
+        raise ConfigError(f"--hyperparameters must be a JSON object, found {shown(text)}")
     return value
 
 
@@ -283,16 +286,56 @@ def _check_counts(args: argparse.Namespace) -> None:
                           f"{args.instance_type!r}")
 
 
+def _texts(value: Any) -> tuple[list[str], int]:
+    """Every text inside a decoded hyperparameter value (dict keys included), and its depth of nesting."""
+    texts: list[str] = []
+    deepest = 0
+    stack = [(value, 0)]
+    while stack:  # no recursion: a value may be nested deeper than Python's recursion limit
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, str):
+            texts.append(item)
+        elif isinstance(item, dict):
+            texts.extend(item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return texts, deepest
+
+
+def _unusable(text: str) -> Optional[str]:
+    """Why a text cannot be part of an argv word or an environment variable (None: it can)."""
+    if "\0" in text:
+        return "a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a character that is not UTF-8 (a lone surrogate)"
+    return None
+
+
 def _check_limits(hps: Mapping[str, Any], sagemaker_entries: int) -> None:
-    """CreateTrainingJob refuses more than 100 entries, keys over 256 or values over 2500 chars."""
+    """CreateTrainingJob refuses more than 100 entries, keys over 256 or values over 2500 chars; each
+    hyperparameter becomes argv words and ``SM_HP_<KEY>``: NUL, '=' in a key, lone surrogates are refused,
+    and values nested deeper than ``MAX_DEPTH``."""
     if len(hps) + sagemaker_entries > MAX_HYPERPARAMETERS:
         raise ConfigError(f"{len(hps)} hyperparameters and the SDK's {sagemaker_entries} exceed "
                           f"SageMaker's limit of {MAX_HYPERPARAMETERS}")
     for key, value in hps.items():
         if not key or len(key) > MAX_KEY_CHARS:
-            raise ConfigError(f"hyperparameter name must be 1-{MAX_KEY_CHARS} characters: {key!r}")
+            raise ConfigError(f"hyperparameter name must be 1-{MAX_KEY_CHARS} characters: {shown(key)}")
+        why = "'=' (it names the variable SM_HP_<NAME>)" if "=" in key else _unusable(key)
+        if why:
+            raise ConfigError(f"hyperparameter name {shown(key)} contains {why}")
+        texts, depth = _texts(value)
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"hyperparameter {shown(key)}: value nested {depth} levels deep (at most {MAX_DEPTH})")
+        why = next(filter(None, map(_unusable, texts)), None)
+        if why:
+            raise ConfigError(f"hyperparameter {shown(key)}: the value {shown(value)} contains {why}")
         if len(json.dumps(value)) > MAX_VALUE_CHARS:
-            raise ConfigError(f"hyperparameter {key!r}: value longer than {MAX_VALUE_CHARS} "
+            raise ConfigError(f"hyperparameter {shown(key)}: value longer than {MAX_VALUE_CHARS} "
                               "characters once JSON-encoded")
 
 
