@@ -114,9 +114,11 @@ SPECS: tuple[Spec, ...] = (
     Spec("platform", str, None, "a platform name", "skip detection: the cluster type to read (see below)",
          metavar="NAME"),
     Spec("nproc_per_node", _whole_number(1, MAX_NPROC), None, f"a whole number 1-{MAX_NPROC}",
-         "processes per host; default SM_NUM_GPUS, else SM_NUM_NEURONS, else GPUs found, else 1", metavar="N"),
+         "processes per host; default the platform's count (SM_NUM_GPUS, SLURM_GPUS_ON_NODE, "
+         "PET_NPROC_PER_NODE, ...), else one per GPU found, else 1", metavar="N"),
     Spec("master_port", _whole_number(1, 65535), None, "a port 1-65535",
-         "port of the rendezvous on the first host; default the platform's (SageMaker 7777, else 29500)",
+         "port of the rendezvous on the first host; default the platform's (SageMaker 7777, Kubeflow's "
+         "MASTER_PORT, ...), else 29500",
          metavar="PORT"),
     Spec("rdzv_timeout", _whole_number(1, MAX_SECONDS), 900, f"whole seconds 1-{MAX_SECONDS}",
          "how long hosts wait for each other at the start", metavar="SECONDS"),
@@ -126,7 +128,8 @@ SPECS: tuple[Spec, ...] = (
          "after a stop signal, how long workers may take before the whole tree is killed; default "
          "inside the platform's own kill window (SageMaker 90, elsewhere 25)", metavar="SECONDS"),
     Spec("resolve", parse_resolve, {}, "HOST=ADDR[,HOST=ADDR...]",
-         "addresses for host names the machine cannot resolve (simulated hosts)", metavar="HOST=ADDR,..."),
+         "addresses for host names this machine cannot resolve (simulated hosts; /etc/hosts is never "
+         "touched)", metavar="HOST=ADDR,..."),
     Spec("dry_run", parse_bool, False, "true or false", "print what would be launched and exit"),
     Spec("json", parse_bool, False, "true or false", "with --dry-run: print it as JSON"),
 )

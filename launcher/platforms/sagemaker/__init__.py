@@ -76,7 +76,7 @@ class SageMaker(Platform):
     def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:
         found = [f"{name} is set" for name in SIGNAL_VARIABLES if environ.get(name)]
         path = config_path(environ, "resourceconfig.json")
-        if os.path.isfile(path):
+        if os.path.exists(path):
             found.insert(0, f"{path} exists")
         return tuple(found)
 
@@ -85,11 +85,11 @@ class SageMaker(Platform):
         resource_path = config_path(environ, "resourceconfig.json")
         interface = environ.get("SM_NETWORK_INTERFACE_NAME") or None
         instance_type = environ.get("SM_CURRENT_INSTANCE_TYPE") or None
-        if os.path.isfile(resource_path):
+        if os.path.exists(resource_path):  # a directory there is an error, not an absence
             config = read_json(resource_path)
             if not isinstance(config, dict):
-                raise ConfigError(f"{resource_path}: expected a JSON object, found {shown(config)}")
-            hosts, current = _check_hosts(config.get("hosts"), config.get("current_host"), resource_path)
+                raise ConfigError(f"{shown(resource_path)}: expected a JSON object, found {shown(config)}")
+            hosts, current = _check_hosts(config.get("hosts"), config.get("current_host"), shown(resource_path))
             interface = _text_or(config.get("network_interface_name"), interface)
             instance_type = _text_or(config.get("current_instance_type"), instance_type)
             evidence.append(f"{resource_path}: {len(hosts)} host(s), current_host {current!r}")
@@ -112,7 +112,7 @@ class SageMaker(Platform):
             master = environ.get("SM_MASTER_ADDR") or "algo-1"
             evidence.append(f"SM_HOST_COUNT={nnodes}, SM_CURRENT_HOST_RANK={rank}, master {master}")
         else:
-            raise ConfigError(f"SageMaker job without a host list: neither {resource_path} nor SM_HOSTS "
+            raise ConfigError(f"SageMaker job without a host list: neither {shown(resource_path)} nor SM_HOSTS "
                               "nor SM_HOST_COUNT is there")
         counts = [(name, whole_number(environ, name)) for name in ("SM_NUM_GPUS", "SM_NUM_NEURONS")]
         nproc = nproc_per_node(options, evidence, dev_dir, counts)
@@ -149,11 +149,11 @@ class SageMaker(Platform):
         from launcher.platforms.sagemaker import hyperparameters
 
         path = config_path(environ, "hyperparameters.json")
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             return list(argv)
         raw = read_json(path)
         if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a JSON object, found {shown(raw)}")
+            raise ConfigError(f"{shown(path)}: expected a JSON object, found {shown(raw)}")
         repaired = hyperparameters.repair_split_argv(argv, raw)
         if repaired is None:
             return list(argv)
