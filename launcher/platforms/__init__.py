@@ -13,13 +13,17 @@ from typing import NamedTuple, Optional
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
 from launcher.options import Options
-from launcher.platforms import local, sagemaker
+from launcher.platforms import local, pbs, sagemaker, slurm
 from launcher.platforms.base import Platform
 
 # Detection order: the first platform whose evidence is present wins. Why each stands where it does:
 ORDER: tuple[tuple[Platform, str], ...] = (
     (sagemaker.PLATFORM, "its files and SM_* variables are written by AWS alone; a SageMaker job may "
                          "also carry MASTER_ADDR-style variables a user set"),
+    (slurm.PLATFORM, "SLURM_JOB_ID is set by SLURM alone and names no other platform; before the generic "
+                     "MASTER_ADDR-style platforms (kubeflow, env), which a SLURM user may set by hand"),
+    (pbs.PLATFORM, "PBS_JOBID/PBS_NODEFILE are set by PBS alone; after slurm only so that a SLURM job "
+                   "submitted from inside a PBS job (rare) reads the inner, SLURM, allocation"),
     (local.PLATFORM, "always matches: the fallback when no cluster manager was found"),
 )
 PLATFORMS: dict[str, Platform] = {platform.name: platform for platform, _ in ORDER}
