@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from typing import Optional
+from typing import IO, Optional
 
 SUBNET = "10.77.0"
 CONTROLLER = "ctl"
@@ -263,17 +263,8 @@ def _anchor(root: str, nodes: int) -> None:
         _sh(*enter, "ip", "link", "set", "eth0", "up")
         holders.append(holder.pid)
         nets.append(net_inode(holder.pid))
-    log = open(os.path.join(root, "log", "daemons.log"), "ab")
-    munge = os.path.join(root, "munge")
-    subprocess.Popen(["munged", "-F", "--force", f"--socket={munge}/munge.socket", f"--key-file={munge}/munge.key",
-                      f"--pid-file={root}/run/munged.pid", f"--log-file={root}/log/munged.log",
-                      f"--seed-file={root}/run/munged.seed"], stdout=log, stderr=log)
-    while not os.path.exists(f"{munge}/munge.socket"):
-        time.sleep(0.01)
-    subprocess.Popen(["slurmctld", "-D", "-i", "-f", conf], stdout=log, stderr=log)
-    for i, holder_pid in enumerate(holders, start=1):
-        subprocess.Popen(["nsenter", "-t", str(holder_pid), "--net", "--uts", "--",
-                          "slurmd", "-D", "-N", f"node{i}", "-f", conf], stdout=log, stderr=log)
+    with open(os.path.join(root, "log", "daemons.log"), "ab") as log:
+        _start_daemons(root, holders, log)
     env = {**os.environ, "SLURM_CONF": conf}
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -286,6 +277,24 @@ def _anchor(root: str, nodes: int) -> None:
     print(json.dumps({"holders": holders, "net": nets}), flush=True)
     threading.Thread(target=_reap, daemon=True).start()  # PID 1: orphans come here (SIG_IGN would be inherited)
     sys.stdin.read()  # until the lab is taken down or its owner dies
+
+
+def _start_daemons(root: str, holders: Sequence[int], log: IO[bytes]) -> None:
+    """munged and slurmctld on the controller, a slurmd in each node's namespaces (children of PID 1)."""
+    conf = os.path.join(root, "slurm.conf")
+    munge = os.path.join(root, "munge")
+    subprocess.Popen(["munged", "-F", "--force", f"--socket={munge}/munge.socket", f"--key-file={munge}/munge.key",
+                      f"--pid-file={root}/run/munged.pid", f"--log-file={root}/log/munged.log",
+                      f"--seed-file={root}/run/munged.seed"], stdout=log, stderr=log)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(f"{munge}/munge.socket"):
+        if time.monotonic() > deadline:
+            sys.exit(1)  # munged refused to start: its log says why
+        time.sleep(0.01)
+    subprocess.Popen(["slurmctld", "-D", "-i", "-f", conf], stdout=log, stderr=log)
+    for i, holder_pid in enumerate(holders, start=1):
+        subprocess.Popen(["nsenter", "-t", str(holder_pid), "--net", "--uts", "--",
+                          "slurmd", "-D", "-N", f"node{i}", "-f", conf], stdout=log, stderr=log)
 
 
 def _reap() -> None:
