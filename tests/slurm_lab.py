@@ -159,7 +159,8 @@ class SlurmLab:
         inside = list(argv)
         if node is not None:
             inside = ["nsenter", "-t", str(self.info["holders"][node - 1]), "--net", "--uts", "--", *inside]
-        return ["nsenter", "-t", str(self.anchor_pid()), "--pid", "--net", "--uts", "--mount", "--", *inside]
+        return ["nsenter", "-t", str(self.anchor_pid()), "--pid", "--net", "--uts", "--mount", f"--wd={os.getcwd()}",
+                "--", *inside]
 
     def run(self, argv: Sequence[str], node: Optional[int] = None, timeout: float = 60.0,
             env: Optional[dict] = None, check: bool = True) -> subprocess.CompletedProcess:
