@@ -106,7 +106,8 @@ def test_ports_stay_in_their_range_and_neighbouring_jobs_differ(job_id: int) -> 
 @pytest.mark.parametrize("extra, message", [
     ({"SLURM_LOCALID": "1"}, "SLURM_LOCALID=1: several tasks of this step run on this node; start one "
                              "launcher per node: srun --ntasks-per-node=1"),
-    ({"SLURM_NTASKS_PER_NODE": "2"}, "SLURM_NTASKS_PER_NODE='2': more than one task per node"),
+    ({"SLURM_NTASKS_PER_NODE": "2", "SLURM_STEP_TASKS_PER_NODE": "-"},
+     "SLURM_NTASKS_PER_NODE='2': more than one task per node"),
     ({"SLURM_NTASKS_PER_NODE": "-", "SLURM_STEP_TASKS_PER_NODE": "1,2(x3)"},
      "SLURM_STEP_TASKS_PER_NODE='1,2(x3)': more than one task per node"),
     ({"SLURM_STEP_ID": "-", "SLURM_STEP_NODELIST": "-"}, "run in the batch script of a 2-node job "
@@ -116,7 +117,7 @@ def test_ports_stay_in_their_range_and_neighbouring_jobs_differ(job_id: int) -> 
     ({"SLURM_NODEID": "1"}, "SLURM_NODEID=1 but this node 'node1' is number 0 of SLURM_STEP_NODELIST"),
     ({"SLURM_STEP_NODELIST": "node[1-2"}, "SLURM_STEP_NODELIST is not a SLURM host list ('[' without ']')"),
     ({"SLURM_STEP_NODELIST": "node[1-2],node1"}, "SLURM_STEP_NODELIST names host 'node1' twice"),
-    ({"SLURM_NTASKS_PER_NODE": "two"}, "SLURM_NTASKS_PER_NODE is not a SLURM task layout: 'two'"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "two"}, "SLURM_STEP_TASKS_PER_NODE is not a SLURM task layout: 'two'"),
     ({"SLURM_GPUS_ON_NODE": "x"}, "SLURM_GPUS_ON_NODE is not a whole number: 'x'"),
 ])
 def test_wrong_use_is_refused_with_one_line(extra: dict[str, str], message: str) -> None:
@@ -126,9 +127,15 @@ def test_wrong_use_is_refused_with_one_line(extra: dict[str, str], message: str)
 
 
 def test_the_batch_script_of_a_one_node_job_runs_the_launcher_itself() -> None:
-    env = step_env(0, "node1", SLURM_STEP_ID="-", SLURM_STEP_NODELIST="-", SLURM_STEP_TASKS_PER_NODE="-")
+    env = step_env(0, "node1", SLURM_STEP_ID="-", SLURM_STEP_NODELIST="-", SLURM_STEP_TASKS_PER_NODE="-",
+                   SLURM_NTASKS_PER_NODE="4")  # the job's layout (4 tasks for 4 GPUs), not this process's
     c = resolve(env)
     assert (c.nnodes, c.node_rank, c.job_name) == (1, 0, "slurm-4242")
+
+
+def test_a_step_reads_its_own_task_layout_not_the_jobs() -> None:
+    c = resolve(step_env(1, SLURM_NTASKS_PER_NODE="4", SLURM_STEP_TASKS_PER_NODE="1(x2)"))
+    assert (c.nnodes, c.node_rank) == (2, 1)
 
 
 def test_wrong_use_exits_2_before_anything_starts(tmp_path) -> None:

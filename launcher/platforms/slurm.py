@@ -9,8 +9,8 @@ Processes per node: ``--nproc-per-node``, else ``SLURM_GPUS_ON_NODE``, else the 
 else 1. Master port: ``20000 + SLURM_JOB_ID % 10000`` (20000-29999, below Linux's ephemeral ports),
 so two jobs sharing a node do not clash; ``--master-port`` chooses another.
 
-Wrong use is refused before anything starts: several tasks on a node (``SLURM_LOCALID`` > 0, or more
-than one task per node in ``SLURM_NTASKS_PER_NODE``/``SLURM_STEP_TASKS_PER_NODE``): use
+Wrong use is refused before anything starts: a step with several tasks on a node (``SLURM_LOCALID`` > 0,
+or more than one task per node in ``SLURM_STEP_TASKS_PER_NODE``, else ``SLURM_NTASKS_PER_NODE``): use
 ``--ntasks-per-node=1``; the batch script itself on a job of several nodes (no step): use ``srun``.
 
 Stops: ``scancel`` sends SIGCONT+SIGTERM to every process of the step, SIGKILL ``KillWait`` (30 s by
@@ -54,9 +54,11 @@ def _check_one_task_per_node(environ: Mapping[str, str]) -> None:
     local_id = whole_number(environ, "SLURM_LOCALID")
     if local_id:
         raise ConfigError(f"SLURM_LOCALID={local_id}: several tasks of this step run on this node; {advice}")
-    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE"):
-        if environ.get(name, "").strip() and max_tasks_per_node(environ[name], name) > 1:
-            raise ConfigError(f"{name}={shown(environ[name])}: more than one task per node; {advice}")
+    # The step's own layout; SLURM_NTASKS_PER_NODE may be the job's, inherited from the batch script.
+    name = next((n for n in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE") if environ.get(n, "").strip()),
+                None)
+    if name is not None and max_tasks_per_node(environ[name], name) > 1:
+        raise ConfigError(f"{name}={shown(environ[name])}: more than one task per node; {advice}")
 
 
 def read_hosts(environ: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
@@ -91,11 +93,11 @@ class Slurm(Platform):
                      if environ.get(name))
 
     def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
-        _check_one_task_per_node(environ)
         job_id = whole_number(environ, "SLURM_JOB_ID")
         source, hosts = read_hosts(environ)
-        in_step = bool(environ.get("SLURM_STEP_ID", "").strip())
-        if not in_step and len(hosts) > 1:
+        if environ.get("SLURM_STEP_ID", "").strip():
+            _check_one_task_per_node(environ)  # in the batch script, the task layout is the job's, not ours
+        elif len(hosts) > 1:
             raise ConfigError(f"run in the batch script of a {len(hosts)}-node job ({source}="
                               f"{shown(environ[source])}), not in a job step: start it on every node with "
                               "srun --ntasks-per-node=1 ...")
