@@ -29,7 +29,7 @@ def ensure_standard_fds() -> None:
                 os.dup2(null, fd)
                 os.close(null)
         if getattr(sys, name) is None:  # Python found the descriptor closed at start-up
-            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False, line_buffering=fd > 0))  # noqa: SIM115 (lives as long as the process)
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", buffering=1 if fd else -1, closefd=False))  # noqa: SIM115 (lives as long as the process)
 
 
 def write(stream: Optional[TextIO], text: str) -> None:
