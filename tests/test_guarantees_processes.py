@@ -303,7 +303,9 @@ def test_a_stop_with_restarts_starts_no_new_generation(tmp_path, workers):
     watcher = ChildWatcher(job.torchrun[0])
     time.sleep(0.2)
     os.kill(proc.pid, signal.SIGTERM)
+    stopped = time.monotonic()
     _out, err = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - stopped
     seen = watcher.stop()
     assert seen == set(job.workers), f"torchrun started other workers after the stop: {seen - set(job.workers)}"
     assert {r["pid"] for r in records(base).values()} == set(job.workers)
@@ -315,3 +317,5 @@ def test_a_stop_with_restarts_starts_no_new_generation(tmp_path, workers):
     else:
         assert (base / "output" / "failure").read_text().startswith("algo-1: stopped by SIGTERM")
     job.assert_nothing_left()
+    print(f"\n--max-restarts 2, workers {workers}: the launcher exited {elapsed:.2f} s after SIGTERM, "
+          f"code {proc.returncode}, {len(seen)} worker(s) ever")
