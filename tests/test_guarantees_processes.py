@@ -21,7 +21,7 @@ from test_launcher_processes import make_host, records, wait_for_records
 from test_simulate import SCRIPT as ALLREDUCE
 from test_simulate import Simulate, ancestors_of_test, processes_inside, rank_records
 
-from launcher import cli
+from launcher import cli, proctree
 from launcher.errors import ConfigError
 
 WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
@@ -35,13 +35,28 @@ time.sleep(600)
 """
 
 
+STARTED: list[int] = []  # the launchers and simulates a test started
+
+
+@pytest.fixture(autouse=True)
+def end_what_a_failed_test_left():
+    """A test that fails half-way leaves its job running: kill its trees by PID (watchdogs end theirs)."""
+    yield
+    for pid in STARTED:
+        if is_alive(pid):
+            proctree.kill_tree([pid])
+    STARTED.clear()
+
+
 def start(base, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=None, **env):
     """A one-host launcher in a session of its own (so a test can kill its process group)."""
     environ = launcher_env(SAGEMAKER_BASE_DIR=str(base), WORKER_RECORD_DIR=str(base / "records"),
                            LAUNCHER_MASTER_PORT=str(free_port()), LAUNCHER_RESOLVE="algo-1=127.0.0.1", **env)
-    return subprocess.Popen([PYTHON, "-m", "launcher", "--nproc-per-node", "2", *args], env=environ,
+    proc = subprocess.Popen([PYTHON, "-m", "launcher", "--nproc-per-node", "2", *args], env=environ,
                             cwd=str(base), stdout=stdout, stderr=stderr, start_new_session=True,
                             preexec_fn=preexec_fn)
+    STARTED.append(proc.pid)
+    return proc
 
 
 def proc_environ(pid: int) -> list[bytes]:
@@ -140,6 +155,7 @@ def test_group_sigkill_of_simulate_leaves_nothing(tmp_path):
     workdir = str(tmp_path / "job")
     sim = Simulate(["--hosts", "2", "--workdir", workdir, "--", ALLREDUCE, "--steps", "0",
                     "--step-sleep", "0.1"], str(tmp_path))  # in a session of its own
+    STARTED.append(sim.proc.pid)
     sim.wait_for("[algo-2] [rank1]:step=2")
     found = rank_records(workdir, 2)
     skip = ancestors_of_test() | {sim.proc.pid}
