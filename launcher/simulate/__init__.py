@@ -104,6 +104,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
+from launcher import streams
 from launcher.errors import ConfigError
 from launcher.simulate.config import PROG, Fault, build_config, parse_fault, script_hyperparameters
 from launcher.simulate.hosts import builder
@@ -127,7 +128,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         port = free_port()
         specs = builder(config.platform).make_hosts(config, os.environ, port)
     except ConfigError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
         return 2
     log(f"{config.platform} job {config.job_name}: {len(specs)} host(s) in {config.workdir}, master "
         f"{ADDRESS}:{port}{', through AWS toolkit' if config.toolkit else ''}")
@@ -135,7 +136,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         sim.run()
     except OSError as exc:
-        sys.stderr.write(f"{PROG}: error: cannot start a host: {exc}\n")
+        streams.write(sys.stderr, f"{PROG}: error: cannot start a host: {exc}\n")
         return 1
     for run in sim.runs:
         for armed in run.faults:
@@ -143,7 +144,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 log(f"fault {armed.fault.host}:{armed.fault.name}:{armed.fault.when()} never fired")
     report = job_report(sim)
     write_json(os.path.join(config.workdir, "summary.json"), report)
-    sys.stdout.flush()
-    sys.stderr.write("\n" + format_summary(report) + "\n")
-    sys.stderr.flush()
+    streams.write(sys.stdout, "")  # flushes: the summary comes after the hosts' output
+    streams.write(sys.stderr, "\n" + format_summary(report) + "\n")
     return int(report["exit_code"])
