@@ -1,22 +1,15 @@
-"""``ddp-launcher`` / ``python -m launcher``: start one torchrun on this host of a training cluster.
+"""ddp-launcher (python -m launcher): start one torchrun on this host of a training cluster.
 
-Usage::
+Usage:
 
     ddp-launcher [options] train.py [script args...]
-    ddp-launcher --train-script train.py [script args and options in any order]   # SageMaker form
-    ddp-launcher simulate --hosts 2 [...] -- train.py [script args...]             # see simulate
+    ddp-launcher --train-script train.py [--key value ...]  # SageMaker form: AWS's pairs (see options)
+    ddp-launcher simulate --hosts 2 [...] -- train.py [script args...]             # see simulate --help
     ddp-launcher bundle train.py --out DIR       # stage what a SageMaker estimator uploads
 
-Options (each also ``LAUNCHER_<NAME>`` in the environment; see :mod:`launcher.options`)::
-
-    --train-script PATH      the training script
-    --nproc-per-node N       processes per host (default: SM_NUM_GPUS, SM_NUM_NEURONS, GPUs, 1)
-    --master-port PORT       rendezvous port on the first host (default 7777, as on SageMaker)
-    --rdzv-timeout SECONDS   how long hosts wait for each other (default 900)
-    --max-restarts N         torchrun restarts of the workers (default 0)
-    --grace-period SECONDS   after SIGTERM/SIGINT/SIGHUP, time before everything is killed (default 90)
-    --resolve H=ADDR,...     addresses for host names this machine cannot resolve (simulated hosts)
-    --dry-run [--json]       print the platform, evidence, cluster, torchrun argv and environment
+The launcher runs once on every host. It finds the platform (below), works out the number of nodes,
+this node's rank, the master and the processes per node, and starts one torchrun with the script
+and its arguments untouched. What it would start, and why, is printed by --dry-run.
 
 Exit codes: 0 when every worker succeeded; else the root-cause worker's own exit code, 128+N when
 it died of signal N, 128+N when the launcher was stopped by signal N and the workers did not finish
@@ -32,107 +25,151 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from launcher import hyperparameters
+from launcher import platforms, streams
 from launcher.cluster import Cluster
-from launcher.command import Launch, build_launch
-from launcher.errors import ConfigError
-from launcher.options import Invocation, parse_invocation
-from launcher.platforms import resolve_cluster, sagemaker
+from launcher.command import Launch, build_launch, master_port
+from launcher.errors import ConfigError, shown
+from launcher.options import Invocation, help_text, parse_invocation
 
 PROG = "ddp-launcher"
+JOB_MARKER = "DDP_LAUNCHER_JOB"  # in torchrun's environment, so in everything the job starts
 
 
 def log(message: str) -> None:
-    """One line of the launcher's own, on stderr."""
-    sys.stderr.write(f"[{PROG}] {message}\n")
-    sys.stderr.flush()
+    """One line of the launcher's own, on stderr. Never fails (stderr may be closed or a dead pipe)."""
+    streams.write(sys.stderr, f"[{PROG}] {message}\n")
 
 
 class Plan(NamedTuple):
     """Everything decided before anything starts."""
 
     invocation: Invocation
+    choice: platforms.Choice
     cluster: Cluster
     launch: Launch
+    grace_period: float
     notes: tuple[str, ...]
-
-
-def _repair_argv(argv: Sequence[str], environ: Mapping[str, str], notes: list[str]) -> list[str]:
-    path = sagemaker.config_path(environ, "hyperparameters.json")
-    if not os.path.isfile(path):
-        return list(argv)
-    raw = sagemaker.read_json(path)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a JSON object, found {raw!r}")
-    repaired = hyperparameters.repair_split_argv(argv, raw)
-    if repaired is None:
-        return list(argv)
-    notes.append(f"the argv was split at spaces by an old AWS toolkit; rebuilt it from {path}: "
-                 f"{shlex.join(repaired)}")
-    return repaired
 
 
 def _check_script(script: str) -> None:
     if not os.path.isfile(script):
-        raise ConfigError(f"training script not found: {script!r} (in {os.getcwd()})")
+        raise ConfigError(f"training script not found: {shown(script)} (in {os.getcwd()})")
     if not os.access(script, os.R_OK):
-        raise ConfigError(f"training script is not readable: {script!r}")
+        raise ConfigError(f"training script is not readable: {shown(script)}")
+
+
+def check_tmpdir(environ: Mapping[str, str]) -> None:
+    """``TMPDIR`` (else /tmp), where the run directory goes, must be a directory this process can write."""
+    path = environ.get("TMPDIR") or "/tmp"
+    if not os.path.isdir(path):
+        raise ConfigError(f"TMPDIR is not a directory: {shown(path)}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"TMPDIR is not writable: {shown(path)}")
 
 
 def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str] = None) -> Plan:
-    """Read the options, the platform's files and variables; decide the launch. Starts nothing."""
+    """Read the options, the platform's files and variables; decide the launch. Starts nothing.
+
+    The run directory (``$TMPDIR/ddp-launcher-<pid>-<random hex>``) and the job's marker variable
+    (``DDP_LAUNCHER_JOB=<pid>-<random hex>``, the same token) are new for every run: no run can
+    read an earlier one's files or be mistaken for it. :func:`make_run_dir` creates the directory.
+    """
     notes: list[str] = []
-    invocation = parse_invocation(_repair_argv(argv, environ, notes), environ)
-    cluster = resolve_cluster(environ, invocation.options.nproc_per_node)
+    # The detected platform repairs the argv first: a split argv is not AWS's --key value pairs.
+    argv = platforms.choose(environ).platform.prepare_argv(argv, environ, notes)
+    invocation = parse_invocation(argv, environ)
+    choice = platforms.choose(environ, invocation.options.platform)
+    cluster = choice.platform.resolve(environ, invocation.options)
     _check_script(invocation.script)
-    run_dir = run_dir or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{PROG}-{os.getpid()}")
+    if run_dir is None:
+        check_tmpdir(environ)
+    token = f"{os.getpid()}-{os.urandom(8).hex()}"
+    run_dir = run_dir or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{PROG}-{token}")
     launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
-                          environ, run_dir)
-    return Plan(invocation, cluster, launch, tuple(notes) + launch.notes)
+                          environ, run_dir, choice.platform.fabric_env(cluster))
+    launch = launch._replace(env_changes={**launch.env_changes, JOB_MARKER: token})
+    grace = invocation.options.grace_period or choice.platform.grace_period
+    return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes)
+
+
+def _block(label: str, items: Sequence[str]) -> list[str]:
+    return [(f"{label + ':':<11}" if i == 0 else " " * 11) + item for i, item in enumerate(items)]
+
+
+def make_run_dir(path: str) -> None:
+    """Create the run directory, private (0700) and new: an existing one is never reused."""
+    try:
+        os.mkdir(path, 0o700)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the run directory {path!r} (TMPDIR): "
+                          f"{exc.strerror or exc}"[:300]) from None
 
 
 def describe(p: Plan, as_json: bool) -> str:
-    """The dry run's text: platform, evidence, cluster, torchrun argv, environment changes."""
-    if as_json:
-        return json.dumps({"platform": p.cluster.platform, "evidence": list(p.cluster.evidence),
-                           "cluster": p.cluster.to_dict(), "argv": list(p.launch.argv),
-                           "env": dict(p.launch.env_changes), "notes": list(p.notes)}, indent=2)
+    """The dry run's text: platform and why, evidence, cluster, torchrun argv, environment changes."""
     c = p.cluster
-    master = f"{c.master_addr}:{p.invocation.options.master_port}" if c.nnodes > 1 else "(standalone)"
-    lines = [f"platform:  {c.platform}",
-             *[("evidence:  " if i == 0 else "           ") + e for i, e in enumerate(c.evidence)],
+    if as_json:
+        return json.dumps({"platform": c.platform, "why": p.choice.why,
+                           "matched": {name: list(ev) for name, ev in p.choice.matches},
+                           "evidence": list(c.evidence), "cluster": c.to_dict(), "argv": list(p.launch.argv),
+                           "env": dict(p.launch.env_changes), "env_removed": list(p.launch.env_removed),
+                           "grace_period": p.grace_period, "notes": list(p.notes)}, indent=2)
+    port = master_port(c, p.invocation.options)
+    master = f"{c.master_addr}:{port}" if c.nnodes > 1 else "(standalone)"
+    lines = [f"platform:  {c.platform}: {p.choice.why}",
+             *_block("matched", [f"{name}: {'; '.join(ev)}" for name, ev in p.choice.matches]),
+             *_block("evidence", list(c.evidence)),
              f"cluster:   host {c.current_host}, node {c.node_rank} of {c.nnodes}, master {master}, "
              f"{c.nproc_per_node} process(es) per node, world size {c.nnodes * c.nproc_per_node}",
              f"command:   {shlex.join(p.launch.argv)}",
-             *[("env:       " if i == 0 else "           ") + f"{k}={v}"
-               for i, (k, v) in enumerate(p.launch.env_changes.items())],
+             *_block("env", [f"{k}={v}" for k, v in p.launch.env_changes.items()]),
+             *_block("removed", [f"{k} (inherited; torchrun would read it)" for k in p.launch.env_removed]),
+             f"stop:      grace period {p.grace_period:g} s after SIGTERM/SIGINT/SIGHUP",
              *[f"note:      {n}" for n in p.notes]]
     return "\n".join(lines)
 
 
 def run(p: Plan, environ: Mapping[str, str]) -> int:
-    """Start and supervise torchrun; report the outcome. Returns the launcher's exit code."""
-    from launcher import failure  # not needed by --dry-run: imported here to keep start-up short
+    """Start and supervise torchrun; report the outcome. Returns the launcher's exit code.
+
+    The run directory (made by :func:`make_run_dir`) is removed at the end, or by the watchdog
+    after it killed the job if the launcher itself is killed.
+    """
+    from launcher import failure, proctree  # not needed by --dry-run: imported here to keep start-up short
     from launcher.supervise import supervise
 
     c = p.cluster
     for note in p.notes:
         log(note)
+    log(f"platform {c.platform}: {p.choice.why}")
+    names = p.choice.platform.names_to_wait_for(c)
+    if names:
+        from launcher.preflight import wait_for_names
+
+        try:
+            wait_for_names(names, p.invocation.options.resolve, float(p.invocation.options.rdzv_timeout), log)
+        except ConfigError as exc:
+            streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
+            return 2
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
+    watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
     try:
-        outcome = supervise(p.launch, environ, p.invocation.options.grace_period, log)
+        watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
+        watchdog.remove_dir(p.launch.run_dir)
+        options = p.invocation.options
+        outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts)
         cause = failure.find_root_cause(outcome, p.launch)
         code = failure.exit_code(outcome, cause)
         if code != 0:
-            options = p.invocation.options
-            rendezvous = (f"{c.master_addr}:{options.master_port} as node {c.node_rank} of {c.nnodes}, "
+            rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "
                           f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
-            report = failure.compose_report(c, outcome, cause, code, rendezvous)
+            limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
+            report = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
             notes = []
-            if c.base_dir is not None:
-                path = os.path.join(c.base_dir, "output", "failure")
-                problem = failure.write_failure_file(path, report, failure.REPORT_LIMIT)
+            path = p.choice.platform.report_path(environ)
+            if path is not None:
+                problem = failure.write_failure_file(path, report, limit)
                 if problem:
                     notes.append(f"[{PROG}] could not write the failure report to {path}: {problem}")
             failure.print_report(report, notes)
@@ -143,27 +180,38 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         import shutil  # only at the end
 
         shutil.rmtree(p.launch.run_dir, ignore_errors=True)
+        watchdog.release()
+        proctree.reap_children()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line. Returns the exit code."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    streams.ensure_standard_fds()
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        streams.settle_output()
+
+
+def _main(args: list[str]) -> int:
     if args and args[0] == "simulate":
         from launcher.simulate import main as simulate_main
 
         return simulate_main(args[1:])
     if args and args[0] == "bundle":
-        from launcher.bundle import main as bundle_main
+        from launcher.platforms.sagemaker.bundle import main as bundle_main
 
         return bundle_main(args[1:])
     if args and args[0] in ("-h", "--help"):
-        print(__doc__)
+        print(help_text(__doc__, [(pl.name, pl.reads) for pl, _ in platforms.ORDER]))
         return 0
     environ = dict(os.environ)
     try:
         p = plan(args, environ)
+        if not p.invocation.options.dry_run:
+            make_run_dir(p.launch.run_dir)
     except ConfigError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
         return 2
     if p.invocation.options.dry_run:
         print(describe(p, p.invocation.options.json))

@@ -9,8 +9,8 @@ class Cluster(NamedTuple):
     """What one host knows about the job's cluster.
 
     ``hosts`` is in rank order (the same on every host), so ``hosts[0]`` is the master and
-    ``hosts.index(current_host) == node_rank``. Platforms that only publish a host count (SageMaker
-    SDK v3) leave ``hosts`` empty and set ``master_addr`` directly.
+    ``hosts.index(current_host) == node_rank``. Platforms that only publish a node count and a master
+    address (Kubeflow, SageMaker SDK v3) leave ``hosts`` empty and set ``master_addr`` directly.
     """
 
     platform: str
@@ -19,10 +19,11 @@ class Cluster(NamedTuple):
     nproc_per_node: int
     current_host: str
     master_addr: Optional[str]
+    master_port: Optional[int] = None  # the platform's; the --master-port option wins
     hosts: tuple[str, ...] = ()
+    local_addr: Optional[str] = None  # the address torchrun advertises for this node (several nodes)
     network_interface: Optional[str] = None
     instance_type: Optional[str] = None
-    base_dir: Optional[str] = None
     job_name: Optional[str] = None
     evidence: tuple[str, ...] = ()
 

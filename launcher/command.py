@@ -3,6 +3,10 @@
 Several nodes use torchrun's static rendezvous (``--nnodes``, ``--node-rank``, ``--master-addr``,
 ``--master-port``), the only one where ``--node-rank`` decides placement, so global rank 0 is always
 on the first host. One node uses ``--standalone`` (a free port, no master needed).
+
+Every input torchrun takes is passed as a flag, and inherited ``PET_*``/``TORCHELASTIC_*`` variables
+(torchrun reads ``PET_<FLAG>`` for any flag not given) are removed from its environment, so nothing
+changes what torchrun does behind the dry run's back.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from typing import NamedTuple, Optional
 
 from launcher.cluster import Cluster
 from launcher.options import Options
-from launcher.platforms.devices import has_efa
 
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
+DEFAULT_MASTER_PORT = 29500  # torchrun's own default
+INHERITED_PREFIXES = ("PET_", "TORCHELASTIC_")
 
 
 class Launch(NamedTuple):
@@ -24,6 +29,7 @@ class Launch(NamedTuple):
 
     argv: tuple[str, ...]
     env_changes: Mapping[str, str]
+    env_removed: tuple[str, ...]
     run_dir: str
     error_file: str
     log_dir: str
@@ -31,7 +37,7 @@ class Launch(NamedTuple):
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` with the changes applied: the environment torchrun gets."""
-        env = dict(base)
+        env = {k: v for k, v in base.items() if k not in self.env_removed}
         env.update(self.env_changes)
         return env
 
@@ -51,10 +57,18 @@ def _setdefault(changes: dict[str, str], environ: Mapping[str, str], name: str, 
         changes[name] = value
 
 
+def master_port(cluster: Cluster, options: Options) -> int:
+    """The rendezvous port: the option, else the platform's, else torchrun's default."""
+    return options.master_port or cluster.master_port or DEFAULT_MASTER_PORT
+
+
 def build_launch(cluster: Cluster, options: Options, script: str, script_args: Sequence[str],
-                 environ: Mapping[str, str], run_dir: str, python: Optional[str] = None,
-                 dev_dir: str = "/dev") -> Launch:
-    """The torchrun argv and environment for this host. Pure: starts and writes nothing."""
+                 environ: Mapping[str, str], run_dir: str, fabric: Optional[Mapping[str, str]] = None,
+                 python: Optional[str] = None) -> Launch:
+    """The torchrun argv and environment for this host. Pure: starts and writes nothing.
+
+    ``fabric`` holds the platform's network variables; a variable the user set always wins.
+    """
     log_dir = os.path.join(run_dir, "logs")
     error_file = os.path.join(run_dir, "torchrun_error.json")
     argv = [python or sys.executable, "-m", "torch.distributed.run",
@@ -64,14 +78,14 @@ def build_launch(cluster: Cluster, options: Options, script: str, script_args: S
         master = address_of(cluster.master_addr or "", options.resolve)
         argv += ["--node-rank", str(cluster.node_rank),
                  "--master-addr", master,
-                 "--master-port", str(options.master_port),
+                 "--master-port", str(master_port(cluster, options)),
                  "--rdzv-backend", "static",
                  "--rdzv-id", cluster.job_name or "ddp-launcher",
                  "--rdzv-conf", f"timeout={options.rdzv_timeout}"]
+        if cluster.local_addr:
+            argv += ["--local-addr", address_of(cluster.local_addr, options.resolve)]
     else:
         argv += ["--standalone"]
-    if cluster.platform != "local":
-        argv += ["--local-addr", address_of(cluster.current_host, options.resolve)]
     argv += ["--max-restarts", str(options.max_restarts),
              "--log-dir", log_dir,
              "--tee", "3",
@@ -81,9 +95,7 @@ def build_launch(cluster: Cluster, options: Options, script: str, script_args: S
     notes: list[str] = []
     changes = {"TORCHELASTIC_ERROR_FILE": error_file}
     _setdefault(changes, environ, "PYTHONUNBUFFERED", "1", notes)
-    if cluster.network_interface:
-        _setdefault(changes, environ, "NCCL_SOCKET_IFNAME", cluster.network_interface, notes)
-    if has_efa(dev_dir):
-        _setdefault(changes, environ, "FI_PROVIDER", "efa", notes)
-        _setdefault(changes, environ, "RDMAV_FORK_SAFE", "1", notes)
-    return Launch(tuple(argv), changes, run_dir, error_file, log_dir, tuple(notes))
+    for name, value in (fabric or {}).items():
+        _setdefault(changes, environ, name, value, notes)
+    removed = tuple(sorted(k for k in environ if k.startswith(INHERITED_PREFIXES) and k not in changes))
+    return Launch(tuple(argv), changes, removed, run_dir, error_file, log_dir, tuple(notes))

@@ -2,21 +2,33 @@
 
 Every option can be given three ways, the first one found wins:
 
-1. on the command line, as ``--grace-period 30``, ``--grace_period 30`` or ``--grace-period=30``;
-2. in the environment, as ``LAUNCHER_GRACE_PERIOD=30``;
+1. on the command line (see the two forms below);
+2. in the environment, as ``LAUNCHER_GRACE_PERIOD=30`` (on SageMaker: the estimator's ``environment=``);
 3. its default.
 
 Two command-line forms exist:
 
-- ``ddp-launcher [options] train.py [script args...]``: options come first, the first other word
-  is the training script, and everything after it belongs to the script.
+- The plain form, ``ddp-launcher [options] train.py [script args...]``: the launcher's options come
+  first, as ``--grace-period 30``, ``--grace_period 30`` or ``--grace-period=30``; the first other
+  word is the training script, and everything after it belongs to the script untouched. ``--`` ends
+  the options (``ddp-launcher -- train.py``). Boolean options take an optional
+  ``True/False/true/false/1/0`` after them.
 - The SageMaker form, where the launcher is the estimator's ``entry_point`` and the script is a
-  hyperparameter: ``--epochs 25 --train-script train.py --lr 0.1``. As soon as the argv names
-  ``--train-script`` (or ``--train_script``), the launcher's options are taken out wherever they
-  stand and every other word is passed to the script unchanged and in order.
+  hyperparameter. AWS's toolkit renders the hyperparameters as ``--key value`` *pairs*, sorted by
+  key, always a key and then exactly one value (an empty word for ``None``): ``--epochs 25
+  --launcher-grace-period 30 --lr 0.1 --train-script train.py``. An argv that, read as such pairs
+  from its first word, has the key ``--train-script`` (or ``--train_script``) is the SageMaker form.
+  Its launcher options live in their own namespace, so no hyperparameter of a training script can
+  collide with them: ``train-script`` and keys starting ``launcher-`` or ``launcher_``
+  (``launcher-grace-period``, ``launcher_nproc_per_node``, ``launcher-dry-run`` with ``True`` or
+  ``False``, ...); an unknown ``launcher-`` key is an error. Every other pair reaches the script
+  exactly as AWS rendered it, in order: a value is never read as an option, whatever it looks like
+  (a hyperparameter ``{"mode": "--launcher-dry-run"}`` is the script's business). A launcher key
+  given twice (``launcher-grace-period`` and ``launcher_grace_period``) is an error.
 
-SageMaker renders a boolean hyperparameter as ``--dry-run True``, so boolean options take an
-optional ``True/False/true/false/1/0`` after them.
+Counts have sane bounds (a value outside them is a typo, not a plan): at most ``MAX_NPROC``
+processes per host, grace period and rendezvous timeout at most a day, at most ``MAX_RESTARTS``
+restarts. The script may not start with ``-``: torchrun would read it as one of its own options.
 """
 
 from __future__ import annotations
@@ -24,37 +36,30 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Callable, NamedTuple, Optional
 
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, shown
 
 ENV_PREFIX = "LAUNCHER_"
+MAX_NPROC = 1024  # more processes than any machine has cores or devices: a typo, not a plan
+MAX_SECONDS = 86400  # a day: the longest grace period or rendezvous timeout that is not a typo
+MAX_RESTARTS = 100
+SCRIPT_KEYS = ("--train-script", "--train_script")
+SAGEMAKER_PREFIXES = ("--launcher-", "--launcher_")  # the SageMaker form's keys for the other options
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError
-    return value
+def _whole_number(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError
+        return value
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise ValueError
-    return value
-
-
-def _positive_float(text: str) -> float:
+def _seconds(text: str) -> float:
     value = float(text)
-    if not value > 0:
+    if not 0 < value <= MAX_SECONDS:  # also refuses nan and inf
         raise ValueError
     return value
 
@@ -88,6 +93,7 @@ class Spec(NamedTuple):
     default: object
     expects: str
     help: str
+    metavar: str = ""
 
     @property
     def flags(self) -> tuple[str, str]:
@@ -103,32 +109,44 @@ class Spec(NamedTuple):
 
 
 SPECS: tuple[Spec, ...] = (
-    Spec("train_script", str, None, "a path", "the training script (the SageMaker form names it so)"),
-    Spec("nproc_per_node", _positive_int, None, "a whole number >= 1",
-         "processes per host; default SM_NUM_GPUS, else SM_NUM_NEURONS, else GPUs found, else 1"),
-    Spec("master_port", _port, 7777, "a port 1-65535", "port of the rendezvous on the first host"),
-    Spec("rdzv_timeout", _positive_int, 900, "seconds >= 1",
-         "how long hosts wait for each other at the start"),
-    Spec("max_restarts", _non_negative_int, 0, "a whole number >= 0", "torchrun restarts of the workers"),
-    Spec("grace_period", _positive_float, 90.0, "seconds > 0",
-         "after a stop signal, how long workers may take before the whole tree is killed"),
+    Spec("train_script", str, None, "a path", "the training script (the SageMaker form names it so)",
+         metavar="PATH"),
+    Spec("platform", str, None, "a platform name", "skip detection: the cluster type to read (see below)",
+         metavar="NAME"),
+    Spec("nproc_per_node", _whole_number(1, MAX_NPROC), None, f"a whole number 1-{MAX_NPROC}",
+         "processes per host; default the platform's count (SM_NUM_GPUS, SLURM_GPUS_ON_NODE, "
+         "PET_NPROC_PER_NODE, ...), else one per GPU found, else 1", metavar="N"),
+    Spec("master_port", _whole_number(1, 65535), None, "a port 1-65535",
+         "port of the rendezvous on the first host; default the platform's (SageMaker 7777, Kubeflow's "
+         "MASTER_PORT, ...), else 29500",
+         metavar="PORT"),
+    Spec("rdzv_timeout", _whole_number(1, MAX_SECONDS), 900, f"whole seconds 1-{MAX_SECONDS}",
+         "how long hosts wait for each other at the start", metavar="SECONDS"),
+    Spec("max_restarts", _whole_number(0, MAX_RESTARTS), 0, f"a whole number 0-{MAX_RESTARTS}",
+         "torchrun restarts of the workers", metavar="N"),
+    Spec("grace_period", _seconds, None, f"seconds > 0, at most {MAX_SECONDS}",
+         "after a stop signal, how long workers may take before the whole tree is killed; default "
+         "inside the platform's own kill window (SageMaker 90, elsewhere 25)", metavar="SECONDS"),
     Spec("resolve", parse_resolve, {}, "HOST=ADDR[,HOST=ADDR...]",
-         "addresses for host names the machine cannot resolve (simulated hosts)"),
+         "addresses for host names this machine cannot resolve (simulated hosts; /etc/hosts is never "
+         "touched)", metavar="HOST=ADDR,..."),
     Spec("dry_run", parse_bool, False, "true or false", "print what would be launched and exit"),
     Spec("json", parse_bool, False, "true or false", "with --dry-run: print it as JSON"),
 )
 _BY_FLAG = {flag: spec for spec in SPECS for flag in spec.flags}
+_BY_NAME = {spec.name: spec for spec in SPECS}
 
 
 class Options(NamedTuple):
     """The launcher's options after parsing (see :data:`SPECS` for their meaning)."""
 
     train_script: Optional[str]
+    platform: Optional[str]
     nproc_per_node: Optional[int]
-    master_port: int
+    master_port: Optional[int]
     rdzv_timeout: int
     max_restarts: int
-    grace_period: float
+    grace_period: Optional[float]
     resolve: dict
     dry_run: bool
     json: bool
@@ -147,7 +165,7 @@ def _convert(spec: Spec, text: str, source: str) -> object:
     try:
         return spec.parse(text)
     except ValueError:
-        raise ConfigError(f"invalid value for {source}: {text!r} (expected {spec.expects})") from None
+        raise ConfigError(f"invalid value for {source}: {shown(text)} (expected {spec.expects})") from None
 
 
 def _split_flag(token: str) -> tuple[Optional[Spec], Optional[str]]:
@@ -156,43 +174,63 @@ def _split_flag(token: str) -> tuple[Optional[Spec], Optional[str]]:
     return spec, (inline if sep else None)
 
 
-def _names_train_script(tokens: Sequence[str]) -> bool:
-    for token in tokens:
-        if token == "--":
-            return False
-        spec, _ = _split_flag(token)
-        if spec is not None and spec.name == "train_script":
-            return True
-    return False
+def is_sagemaker_form(argv: Sequence[str]) -> bool:
+    """True if ``argv``, read as ``--key value`` pairs from its first word, has the key ``--train-script``."""
+    return any(key in SCRIPT_KEYS for key in argv[0::2])
 
 
-def parse_invocation(argv: Sequence[str], environ: Mapping[str, str]) -> Invocation:
-    """Split ``argv`` into the launcher's options, the training script and the script's args.
+def _sagemaker_key(spec: Spec) -> str:
+    return "launcher-" + spec.name.replace("_", "-")
 
-    Raises :class:`ConfigError` for an unknown option before the script, a missing value, a value
-    of the wrong type, or no script at all.
-    """
-    tokens = list(argv)
-    sagemaker_form = _names_train_script(tokens)
+
+def _sagemaker_spec(key: str) -> Optional[Spec]:
+    """The option a SageMaker-form key names: ``--train-script`` or ``--launcher-<name>``; else None."""
+    if key in SCRIPT_KEYS:
+        return _BY_NAME["train_script"]
+    prefix = next((p for p in SAGEMAKER_PREFIXES if key.startswith(p)), None)
+    if prefix is None:
+        return None
+    spec = _BY_NAME.get(key[len(prefix):].replace("-", "_"))
+    if spec is None:
+        raise ConfigError(f"unknown launcher hyperparameter {shown(key)} (known: train-script, "
+                          f"{', '.join(_sagemaker_key(s) for s in SPECS if s.name != 'train_script')})")
+    return spec
+
+
+def _parse_sagemaker(tokens: Sequence[str]) -> tuple[dict[str, object], list[str]]:
+    """The SageMaker form: ``--key value`` pairs; the launcher's keys out, every other pair kept in order."""
     given: dict[str, object] = {}
+    keys: dict[str, str] = {}
     rest: list[str] = []
+    for i in range(0, len(tokens), 2):
+        key, pair = tokens[i], tokens[i:i + 2]
+        spec = _sagemaker_spec(key)
+        if spec is None:
+            rest.extend(pair)
+            continue
+        if spec.name in given:
+            raise ConfigError(f"launcher hyperparameter given twice: {keys[spec.name]} and {shown(key)}")
+        if len(pair) == 1 and not spec.is_bool:
+            raise ConfigError(f"hyperparameter {key} needs a value ({spec.expects})")
+        given[spec.name] = _convert(spec, pair[1] if len(pair) == 2 else "true", key)
+        keys[spec.name] = key
+    return given, rest
+
+
+def _parse_plain(tokens: Sequence[str]) -> tuple[dict[str, object], list[str]]:
+    """The plain form: options first, then the script and its arguments (``--`` ends the options)."""
+    given: dict[str, object] = {}
     i = 0
     while i < len(tokens):
         token = tokens[i]
-        if token == "--" and not sagemaker_form:
-            rest.extend(tokens[i + 1:])
-            break
+        if token == "--":
+            return given, list(tokens[i + 1:])
         spec, inline = _split_flag(token) if token.startswith("--") else (None, None)
         if spec is None:
-            if not sagemaker_form and token.startswith("-"):
-                raise ConfigError(f"unknown launcher option {token!r} before the training script "
+            if token.startswith("-"):
+                raise ConfigError(f"unknown launcher option {shown(token)} before the training script "
                                   "(the script's own options go after it)")
-            if sagemaker_form:
-                rest.append(token)
-                i += 1
-                continue
-            rest.extend(tokens[i:])
-            break
+            return given, list(tokens[i:])
         if inline is not None:
             text = inline
         elif spec.is_bool:
@@ -205,8 +243,21 @@ def parse_invocation(argv: Sequence[str], environ: Mapping[str, str]) -> Invocat
             if i + 1 >= len(tokens):
                 raise ConfigError(f"option {token} needs a value ({spec.expects})")
             text, i = tokens[i + 1], i + 1
-        given[spec.name] = _convert(spec, text, token)
+        given[spec.name] = _convert(spec, text, token.partition("=")[0])
         i += 1
+    return given, []
+
+
+def parse_invocation(argv: Sequence[str], environ: Mapping[str, str]) -> Invocation:
+    """Split ``argv`` into the launcher's options, the training script and the script's args.
+
+    Raises :class:`ConfigError` for an unknown option before the script (plain form) or an unknown
+    ``launcher-`` key (SageMaker form), a missing value, a value of the wrong type or out of bounds,
+    or no usable script.
+    """
+    tokens = list(argv)
+    sagemaker_form = is_sagemaker_form(tokens)
+    given, rest = _parse_sagemaker(tokens) if sagemaker_form else _parse_plain(tokens)
 
     values: dict[str, object] = {}
     for spec in SPECS:
@@ -228,4 +279,41 @@ def parse_invocation(argv: Sequence[str], environ: Mapping[str, str]) -> Invocat
                           "(SageMaker hyperparameter 'train-script')")
     if not script:
         raise ConfigError("invalid value for --train-script: '' (expected a path)")
+    if script.startswith("-"):
+        raise ConfigError(f"the training script cannot start with '-': {shown(script)} (torchrun would "
+                          "take it for one of its own options; write ./ before the name)")
     return Invocation(options, script, script_args, sagemaker_form)
+
+
+def option_rows() -> list[tuple[str, str, str]]:
+    """``(flag and value, environment variable, meaning)`` per option: the help and README tables."""
+    rows = []
+    for spec in SPECS:
+        flag = spec.flags[0] if spec.is_bool else f"{spec.flags[0]} {spec.metavar}"
+        default = f" (default {spec.default:g})" if isinstance(spec.default, (int, float)) and \
+            not isinstance(spec.default, bool) else ""
+        rows.append((flag, spec.env, spec.help + default))
+    return rows
+
+
+def help_text(manual: str, platforms: Sequence[tuple[str, str]]) -> str:
+    """``--help``: the command's manual, then the options and platforms, from the parser's own tables."""
+    import textwrap  # only for --help
+
+    def table(rows: Sequence[tuple[str, str]]) -> list[str]:
+        width = max(len(left) for left, _ in rows)
+        out = []
+        for left, right in rows:
+            wrapped = textwrap.wrap(right, 100 - width - 4) or [""]
+            out.append(f"  {left:<{width}}  {wrapped[0]}")
+            out += [" " * (width + 4) + more for more in wrapped[1:]]
+        return out
+
+    lines = [manual.strip(), "", "Options (each also LAUNCHER_<NAME> in the environment):", ""]
+    lines += table([(flag, meaning) for flag, _, meaning in option_rows()])
+    lines += ["", "In the SageMaker form (hyperparameters, --key value pairs) the options are the keys "
+              "train-script and", "launcher-<option> or launcher_<option> (e.g. launcher-grace-period); "
+              "every other key goes to the script."]
+    lines += ["", "Platforms, in detection order (the first whose variables or files are present wins):", ""]
+    lines += table(list(platforms))
+    return "\n".join(lines) + "\n"

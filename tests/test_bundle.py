@@ -1,4 +1,4 @@
-"""The source bundle (launcher/bundle.py): exactly what a SageMaker estimator must upload.
+"""The source bundle (launcher/platforms/sagemaker/bundle.py): exactly what a SageMaker estimator must upload.
 
 Exactly: ``launch.py`` + the launcher's ``.py`` files + the script + its helper, byte for byte,
 and nothing AWS's toolkit would act on (requirements.txt, setup.py) or that only weighs (caches).
@@ -14,7 +14,7 @@ import subprocess
 import pytest
 from conftest import PYTHON, REPO, launcher_env
 
-from launcher import bundle
+from launcher.platforms.sagemaker import bundle
 
 PACKAGE_DIR = os.path.join(REPO, "launcher")
 SCRIPT = "import sys\nprint('METRIC epoch=1 train_loss=0.5', sys.argv[1:])\n"
@@ -27,10 +27,11 @@ def _read(path: str) -> bytes:
 
 
 def _repo_package_files() -> list[str]:
-    """The launcher's .py files as the repository holds them (walked independently of bundle.py)."""
+    """The launcher's .py files as the repository holds them, less simulate/ (walked independently)."""
     found = []
     for root, dirs, files in os.walk(PACKAGE_DIR):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        dirs[:] = [d for d in dirs
+                   if d != "__pycache__" and os.path.join(root, d) != os.path.join(PACKAGE_DIR, "simulate")]
         found += [os.path.relpath(os.path.join(root, f), PACKAGE_DIR) for f in files if f.endswith(".py")]
     return sorted(found)
 
@@ -59,9 +60,10 @@ def test_contents_exactly_as_expected(scripts, tmp_path):
     listed = bundle.list_bundle(str(dest))
     assert listed == _expected(["train_x.py", "ddp_utils.py"], _repo_package_files())
     # The package as the repository has it, sub-packages included, byte for byte.
-    for must in ("launcher/__init__.py", "launcher/cli.py", "launcher/bundle.py",
-                 "launcher/platforms/__init__.py", "launcher/platforms/sagemaker.py"):
+    for must in ("launcher/__init__.py", "launcher/cli.py", "launcher/platforms/sagemaker/bundle.py",
+                 "launcher/platforms/__init__.py", "launcher/platforms/sagemaker/__init__.py"):
         assert must in listed
+    assert not [n for n in listed if n.startswith("launcher/simulate/")]  # never runs inside a job
     for rel in _repo_package_files():
         assert _read(os.path.join(dest, "launcher", rel)) == _read(os.path.join(PACKAGE_DIR, rel)), rel
     assert _read(dest / "train_x.py") == SCRIPT.encode()

@@ -193,7 +193,7 @@ def test_through_aws_sagemaker_training_toolkit(tmp_path):
     code = base / "code"
     subprocess.run([PYTHON, "-m", "launcher", "bundle", WORKER, "--out", str(code)], check=True,
                    env=launcher_env(), capture_output=True)
-    hps = {"train-script": "launcher_worker.py", "nproc-per-node": 2, "steps": 3, "name": "a b c",
+    hps = {"train-script": "launcher_worker.py", "launcher-nproc-per-node": 2, "steps": 3, "name": "a b c",
            "layers": [1, 2], "cfg": {"lr": 0.1, "opt": "sgd"}, "flag": True}
     encoded = {k: json.dumps(v) for k, v in hps.items()}
     encoded.update(sagemaker_program=json.dumps("launch.py"), sagemaker_submit_directory=json.dumps(str(code)),

@@ -39,7 +39,7 @@ import pytest
 from conftest import PYTHON, REPO, TRAIN_SCRIPTS, assert_gone, free_port, launcher_env
 from nbclient import NotebookClient
 
-from launcher import bundle, hyperparameters
+from launcher.platforms.sagemaker import bundle, hyperparameters
 
 NOTEBOOKS = os.path.join(REPO, "notebooks")
 SAGEMAKER_NOTEBOOK = os.path.join(NOTEBOOKS, "sagemaker_ddp.ipynb")

@@ -7,10 +7,17 @@ import os
 
 import pytest
 
-from launcher import cli, command, hyperparameters
+from launcher import cli, command, platforms
 from launcher.errors import ConfigError
 from launcher.options import SPECS, parse_bool, parse_invocation
-from launcher.platforms import resolve_cluster, sagemaker
+from launcher.platforms import sagemaker
+from launcher.platforms.sagemaker import hyperparameters
+
+
+def resolve_cluster(environ, nproc=None, dev_dir="/dev"):
+    """The chosen platform's cluster, with ``--nproc-per-node nproc`` when given."""
+    options = parse_invocation(([f"--nproc-per-node={nproc}"] if nproc else []) + ["t.py"], {}).options
+    return platforms.resolve_cluster(environ, options, dev_dir)
 
 
 def write_tree(base, hosts, current, **extra):
@@ -36,7 +43,7 @@ def test_host_order_is_the_same_everywhere(tmp_path, current):
     assert cluster.nnodes == 3
     assert cluster.node_rank == {"algo-1": 0, "algo-10": 1, "algo-2": 2}[current]
     assert cluster.network_interface == "eth0"
-    assert cluster.base_dir == str(tmp_path)
+    assert sagemaker.PLATFORM.report_path(env) == str(tmp_path / "output" / "failure")
 
 
 def test_resourceconfig_wins_over_sm_hosts(tmp_path):
@@ -112,7 +119,7 @@ def test_bad_resourceconfig(tmp_path, content, needle):
     ({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-9"}, "current host 'algo-9'"),
     ({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-1", "SM_NUM_GPUS": "two"},
      "SM_NUM_GPUS is not a whole number: 'two'"),
-    ({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-1", "SM_NUM_GPUS": "-1"}, "SM_NUM_GPUS is negative"),
+    ({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-1", "SM_NUM_GPUS": "-1"}, "SM_NUM_GPUS must be >= 0: '-1'"),
     ({"SM_HOST_COUNT": "2", "SM_CURRENT_HOST_RANK": "2"}, "SM_CURRENT_HOST_RANK must be 0-1"),
     ({"SM_HOST_COUNT": "x"}, "SM_HOST_COUNT is not a whole number: 'x'"),
     ({"TRAINING_JOB_NAME": "job"}, "without a host list"),
@@ -136,18 +143,23 @@ def test_positional_form_passes_script_args_untouched():
 
 @pytest.mark.parametrize("flag", ["--train-script", "--train_script"])
 def test_sagemaker_form_in_either_spelling(flag):
-    argv = ["-b", "3", "--cfg", "a=1", "--epochs", "10", "--flag", "True", "--grace_period", "30",
-            "--master-port=2345", "--name", "a b", flag, "train.py", "--x"]
+    # AWS's argv: --key value pairs; the launcher's keys are train-script and launcher-*/launcher_*.
+    argv = ["-b", "3", "--cfg", "a=1", "--epochs", "10", "--flag", "True", "--launcher-master-port", "2345",
+            "--launcher_grace_period", "30", "--name", "a b", flag, "train.py", "--x", ""]
     inv = parse_invocation(argv, {})
     assert inv.sagemaker_form and inv.script == "train.py"
-    assert inv.script_args == ("-b", "3", "--cfg", "a=1", "--epochs", "10", "--flag", "True", "--name", "a b", "--x")
+    assert inv.script_args == ("-b", "3", "--cfg", "a=1", "--epochs", "10", "--flag", "True", "--name", "a b",
+                               "--x", "")
     assert inv.options.grace_period == 30.0 and inv.options.master_port == 2345
 
 
 def test_boolean_options_take_sagemaker_spelling():
-    inv = parse_invocation(["--dry-run", "False", "--train-script", "t.py", "--json", "--epochs", "1"], {})
+    inv = parse_invocation(["--epochs", "1", "--launcher-dry-run", "False", "--launcher_json", "True",
+                            "--train-script", "t.py"], {})
     assert inv.options.dry_run is False and inv.options.json is True
     assert inv.script_args == ("--epochs", "1")
+    inv = parse_invocation(["--dry-run", "False", "--json", "t.py", "--epochs", "1"], {})  # the plain form
+    assert inv.options.dry_run is False and inv.options.json is True and inv.script_args == ("--epochs", "1")
     assert [parse_bool(t) for t in ("True", "false", "1", "0")] == [True, False, True, False]
 
 
@@ -223,14 +235,15 @@ def test_plan_repairs_split_argv_and_says_so(tmp_path, monkeypatch):
 
 # --- torchrun command -------------------------------------------------------------------------
 
-def plan_for(tmp_path, hosts, current, argv, extra_env=None, dev_dir=None):
+def plan_for(tmp_path, hosts, current, argv, extra_env=None, sys_dir=None):
     env = {**write_tree(tmp_path, hosts, current), **(extra_env or {})}
     script = tmp_path / "train.py"
     script.write_text("pass\n")
     inv = parse_invocation([*argv, str(script), "--lr", "0.1"], env)
-    cluster = resolve_cluster(env, inv.options.nproc_per_node, dev_dir=str(tmp_path))
+    cluster = platforms.resolve_cluster(env, inv.options, dev_dir=str(tmp_path))
+    fabric = sagemaker.PLATFORM.fabric_env(cluster, sys_dir or str(tmp_path))
     return command.build_launch(cluster, inv.options, inv.script, inv.script_args, env, "/run",
-                                python="python3", dev_dir=dev_dir or str(tmp_path))
+                                fabric, python="python3")
 
 
 def test_multi_node_command_uses_static_rendezvous(tmp_path):
@@ -256,12 +269,23 @@ def test_single_node_command_needs_no_master(tmp_path):
     assert "--standalone" in argv and "--master-addr" not in argv and "--node-rank" not in argv
 
 
+def fake_sysfs(root, drivers):
+    """``/sys/class/infiniband/<dev>/device/driver`` links as the kernel makes them."""
+    for name, driver in drivers.items():
+        (root / "bus" / "drivers" / driver).mkdir(parents=True, exist_ok=True)
+        device = root / "class" / "infiniband" / name / "device"
+        device.mkdir(parents=True)
+        (device / "driver").symlink_to(root / "bus" / "drivers" / driver)
+    return str(root)
+
+
 def test_efa_variables_only_with_an_efa_device_and_user_values_win(tmp_path):
-    dev = tmp_path / "dev"
-    (dev / "infiniband").mkdir(parents=True)
-    (dev / "infiniband" / "uverbs0").touch()
+    infiniband = fake_sysfs(tmp_path / "ib", {"mlx5_0": "mlx5_core"})  # InfiniBand, but not EFA
+    launch = plan_for(tmp_path, ["algo-1", "algo-2"], "algo-1", [], sys_dir=infiniband)
+    assert "FI_PROVIDER" not in launch.env_changes
+    efa = fake_sysfs(tmp_path / "efa", {"rdmap0s31": "efa", "mlx5_0": "mlx5_core"})
     launch = plan_for(tmp_path, ["algo-1", "algo-2"], "algo-1", [], {"NCCL_SOCKET_IFNAME": "ens32"},
-                      dev_dir=str(dev))
+                      sys_dir=efa)
     assert launch.env_changes["FI_PROVIDER"] == "efa"
     assert "NCCL_SOCKET_IFNAME" not in launch.env_changes
     assert any("kept NCCL_SOCKET_IFNAME=ens32" in n for n in launch.notes)

@@ -18,7 +18,8 @@ from typing import Any, Optional
 import pytest
 from conftest import PYTHON, REPO, LiveProcess, assert_gone, launcher_env
 
-from launcher import hyperparameters, proctree, simulate
+from launcher import proctree, simulate
+from launcher.platforms.sagemaker import hyperparameters
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "ddp_allreduce.py")
 RUN_TIMEOUT = 150.0
@@ -45,8 +46,8 @@ print(json.dumps(EstimatorBase._json_encode_hyperparameters(json.load(sys.stdin)
 class Simulate(LiveProcess):
     """``python -m launcher simulate`` as a child of the test, its output read as it comes."""
 
-    def __init__(self, args: list[str], cwd: str) -> None:
-        super().__init__([PYTHON, "-m", "launcher", "simulate", *args], cwd)
+    def __init__(self, args: list[str], cwd: str, env: Optional[dict[str, str]] = None) -> None:
+        super().__init__([PYTHON, "-m", "launcher", "simulate", *args], cwd, env)
 
     def finish(self, timeout: float = RUN_TIMEOUT) -> int:
         """Wait for the end; kill the whole tree and fail if it takes too long."""

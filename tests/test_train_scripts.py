@@ -324,6 +324,183 @@ def test_checkpoint_dir_follows_sagemaker(tmp_path: Path, monkeypatch: pytest.Mo
     assert args.checkpoint_dir == "mine"
 
 
+# ------------------------------------------------------------------------------------------------
+# Paths on every platform: option > SageMaker > Vertex AI / OCI ADS > DDP_* > default
+# ------------------------------------------------------------------------------------------------
+
+# Per directory, its sources from the highest to the lowest: (option or variable, value set, path expected).
+PATH_SOURCES: dict[str, list[tuple[str, str, str]]] = {
+    "model_dir": [("--model-dir", "opt/model", "opt/model"), ("SM_MODEL_DIR", "/sm/model", "/sm/model"),
+                  ("AIP_MODEL_DIR", "gs://vertex-bucket/job/model/", "/gcs/vertex-bucket/job/model"),
+                  ("OCI__SYNC_DIR", "/oci/sync", "/oci/sync"), ("DDP_MODEL_DIR", "/ddp/model", "/ddp/model")],
+    "output_data_dir": [("--output-data-dir", "opt/out", "opt/out"), ("SM_OUTPUT_DATA_DIR", "/sm/out", "/sm/out"),
+                        ("AIP_TENSORBOARD_LOG_DIR", "gs://vertex-bucket/job/logs/", "/gcs/vertex-bucket/job/logs"),
+                        ("DDP_OUTPUT_DIR", "/ddp/out", "/ddp/out")],
+    "checkpoint_dir": [("--checkpoint-dir", "opt/ck", "opt/ck"),
+                       ("SageMaker's checkpoint dir", "{sagemaker}", "{sagemaker}/checkpoints"),
+                       ("AIP_CHECKPOINT_DIR", "gs://vertex-bucket/job/checkpoints/",
+                        "/gcs/vertex-bucket/job/checkpoints"),
+                       ("DDP_CHECKPOINT_DIR", "/ddp/ck", "/ddp/ck")],
+}
+# Where each directory goes when none of its sources is set, given the other directories' environment.
+PATH_DEFAULTS = {"model_dir": ("default", "outputs"), "output_data_dir": ("the model dir", "/ddp/model"),
+                 "checkpoint_dir": ("<output data dir>/checkpoints", "/ddp/out/checkpoints")}
+
+
+def _locate(field: str, sources: list[tuple[str, str]], empty: list[str], base: Path) -> ddp_utils.Paths:
+    """``locate_paths`` with ``sources`` (options and variables) set, ``empty`` set to "" and, for the
+    fields not under test, only their neutral variables."""
+    assert not os.path.isdir("/opt/ml/input/config"), "this machine looks like a SageMaker host"
+    env = {"DDP_MODEL_DIR": "/ddp/model", "DDP_OUTPUT_DIR": "/ddp/out", "DDP_CHECKPOINT_DIR": "/ddp/ck"}
+    for name, _value, _ in PATH_SOURCES[field]:
+        env.pop(name, None)
+    options: dict[str, Optional[str]] = {}
+    for name, value in [*sources, *((n, "") for n in empty)]:
+        value = value.format(sagemaker=base)
+        if name.startswith("--"):
+            options[name[2:].replace("-", "_")] = value or None  # argparse's None: the option was not given
+        else:
+            env["SAGEMAKER_BASE_DIR" if name == "SageMaker's checkpoint dir" else name] = value
+    return ddp_utils.locate_paths(environ=env, **options)
+
+
+@pytest.mark.parametrize("field,index", [(f, i) for f, sources in PATH_SOURCES.items()
+                                         for i in range(len(sources) + 1)])
+def test_each_path_source_beats_every_lower_one(tmp_path: Path, field: str, index: int) -> None:
+    """Sources ``index``.. are all set, the higher ones are empty (unset): source ``index`` wins."""
+    sources = PATH_SOURCES[field]
+    paths = _locate(field, [(n, v) for n, v, _ in sources[index:]], [n for n, _, _ in sources[:index]], tmp_path)
+    found = getattr(paths, field)
+    if index == len(sources):
+        assert (found.source, found.path) == PATH_DEFAULTS[field]
+    else:
+        name, _value, expected = sources[index]
+        assert (found.source, found.path) == (name, expected.format(sagemaker=tmp_path))
+    assert f"{field.replace('_', ' ')} {found.path} ({found.source})" in paths.describe()
+
+
+def test_oci_sync_dir_alone_receives_model_metrics_and_checkpoints() -> None:
+    paths = ddp_utils.locate_paths(environ={"OCI__SYNC_DIR": "/home/datascience/sync"})
+    assert (paths.model_dir.path, paths.output_data_dir.path, paths.checkpoint_dir.path) == (
+        "/home/datascience/sync", "/home/datascience/sync", "/home/datascience/sync/checkpoints")
+
+
+def test_nothing_set_keeps_the_old_local_defaults() -> None:
+    args = ddp_utils.resolve_paths(train_digits.build_parser().parse_args([]), environ={})
+    assert (args.model_dir, args.output_data_dir, args.checkpoint_dir) == ("outputs", "outputs", "outputs/checkpoints")
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("gs://bucket/a/b/", "/gcs/bucket/a/b"), ("gs://bucket", "/gcs/bucket"), ("GS://bucket/x", "/gcs/bucket/x"),
+    ("/plain/local", "/plain/local"), ("relative/dir", "relative/dir"), ("/gcs/bucket/x", "/gcs/bucket/x"),
+])
+def test_gs_uris_are_read_through_the_cloud_storage_fuse_mount(value: str, expected: str) -> None:
+    assert ddp_utils.local_path("AIP_MODEL_DIR", value) == expected
+
+
+@pytest.mark.parametrize("name", ["DDP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "SM_OUTPUT_DATA_DIR", "DDP_DATA_DIR"])
+@pytest.mark.parametrize("uri", ["s3://bucket/key", "oci://bucket@namespace/prefix", "https://example.com/x"])
+def test_another_uri_is_bad_input_naming_the_variable(capsys: pytest.CaptureFixture[str], name: str,
+                                                      uri: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        ddp_utils.locate_paths(environ={name: uri}) if name != "DDP_DATA_DIR" else ddp_utils.channel(
+            "train", environ={name: uri})
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {name}={uri!r}: "), err
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"SM_CHANNEL_TRAIN": "/sm/train", "DDP_CHANNEL_TRAIN": "/ddp/chan", "DDP_DATA_DIR": "/ddp"}, "/sm/train"),
+    ({"SM_CHANNEL_TRAIN": "", "DDP_CHANNEL_TRAIN": "/ddp/chan", "DDP_DATA_DIR": "/ddp"}, "/ddp/chan"),
+    ({"DDP_DATA_DIR": "/ddp"}, "/ddp/train"),
+    ({"DDP_DATA_DIR": "gs://bucket/data/"}, "/gcs/bucket/data/train"),
+    ({"DDP_CHANNEL_TRAIN": "gs://bucket/cifar"}, "/gcs/bucket/cifar"),
+    ({"DDP_CHANNEL_VAL": "/ddp/val", "SM_CHANNEL_VAL": "/sm/val"}, "the default"),  # another channel
+    ({}, "the default"),
+])
+def test_channel_sources_in_order(env: dict[str, str], expected: str) -> None:
+    assert ddp_utils.channel("train", "the default", environ=env) == expected
+    assert ddp_utils.channel("train", environ={}) is None
+
+
+def test_resnet_finds_train_and_val_under_ddp_data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [k for k in os.environ if k.startswith(("SM_CHANNEL_", "DDP_CHANNEL_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("DDP_DATA_DIR", "/data/hymenoptera")
+    args = train_resnet.build_parser().parse_args([])
+    assert train_resnet.data_dirs(args) == ("/data/hymenoptera/train", "/data/hymenoptera/val")
+    args = train_resnet.build_parser().parse_args(["--data-dir", "mine"])  # the option first
+    assert train_resnet.data_dirs(args) == ("mine/train", "mine/val")
+
+
+# ------------------------------------------------------------------------------------------------
+# FitSettings: everything fit() is told
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module,defaults", [
+    (train_digits, {"epochs": 30, "batch_size": 32, "print_freq": 0, "channels_last": False}),
+    (train_cifar10, {"epochs": 10, "batch_size": 16, "print_freq": 200, "channels_last": None}),
+    (train_resnet, {"epochs": 25, "batch_size": 32, "print_freq": 0, "channels_last": None}),
+])
+def test_fit_settings_from_each_scripts_arguments(module: Any, defaults: dict[str, Any]) -> None:
+    env = {"DDP_OUTPUT_DIR": "/ddp/out", "DDP_CHECKPOINT_DIR": "/ddp/ck"}
+    settings = ddp_utils.FitSettings.from_args(ddp_utils.resolve_paths(module.build_parser().parse_args([]), env))
+    assert settings == ddp_utils.FitSettings(checkpoint_dir="/ddp/ck", output_data_dir="/ddp/out", resume=True,
+                                             bf16=None, **defaults)
+    args = ddp_utils.resolve_paths(module.build_parser().parse_args(
+        ["--epochs", "3", "--batch-size", "5", "--checkpoint-dir", "ck", "--output-data-dir", "out",
+         "--resume", "false", "--print-freq", "7", "--bf16", "true", "--channels-last", "false"]), env)
+    assert ddp_utils.FitSettings.from_args(args) == ddp_utils.FitSettings(
+        epochs=3, batch_size=5, checkpoint_dir="ck", output_data_dir="out", resume=False, print_freq=7,
+        bf16=True, channels_last=False)
+
+
+def test_fit_settings_refuse_what_fit_cannot_use(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = train_digits.build_parser()
+    with pytest.raises(ValueError, match="resolve_paths"):
+        ddp_utils.FitSettings.from_args(parser.parse_args([]))  # the directories are not filled yet
+    for argv, line in ((["--batch-size", "0"], "--batch-size=0: must be at least 1"),
+                       (["--epochs", "-1"], "--epochs=-1: must be at least 0"),
+                       (["--print-freq", "-2"], "--print-freq=-2: must be at least 0")):
+        with pytest.raises(SystemExit) as exc:
+            ddp_utils.FitSettings.from_args(ddp_utils.resolve_paths(parser.parse_args(argv), {}))
+        assert exc.value.code == 2 and capsys.readouterr().err == f"error: {line}\n"
+    settings = ddp_utils.FitSettings(epochs=1, batch_size=1, checkpoint_dir="c", output_data_dir="o")
+    with pytest.raises(AttributeError):
+        settings.epochs = 2  # type: ignore[misc]  # frozen: nothing changes it behind fit's back
+
+
+def test_fit_needs_nothing_but_its_settings(tmp_path: Path) -> None:
+    """A world of one, in this process: fit() trains from FitSettings alone (an args Namespace is refused)."""
+    job = ddp_utils.Job(0, 0, 1, torch.device("cpu"), "gloo")
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_sampler = ddp_utils.sampler(job, len(x))
+
+    def batches() -> Any:
+        order = torch.tensor(list(train_sampler), dtype=torch.int64)
+        return ((x[sel], y[sel]) for sel in order.split(8))
+
+    kwargs = {"train_sampler": train_sampler, "train_batches": batches,
+              "evaluate_fn": lambda: ddp_utils.evaluate(job, model, [(x, y)], bf16=False)}
+    with pytest.raises(TypeError, match="FitSettings"):
+        ddp_utils.fit(job, train_digits.build_parser().parse_args([]), model, optimizer, **kwargs)
+    settings = ddp_utils.FitSettings(epochs=2, batch_size=8, checkpoint_dir=str(tmp_path / "ck"),
+                                     output_data_dir=str(tmp_path / "out"), bf16=False, channels_last=False)
+    result = ddp_utils.fit(job, settings, model, optimizer, **kwargs)
+    check_history(result.history, 2)
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == result.history
+    assert [os.path.basename(p) for p in ddp_utils.list_checkpoints(str(tmp_path / "ck"))] == [
+        "checkpoint-e0001-s0000000.pt", "checkpoint-e0002-s0000000.pt"]
+    path = ddp_utils.save_model(job, str(tmp_path / "model"), model, "m.pt")
+    assert path == str(tmp_path / "model" / "m.pt")
+    saved = torch.load(path, weights_only=True)
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+
+
 def test_resnet_starts_from_a_local_weights_file(tmp_path: Path) -> None:
     import torchvision
 
@@ -473,6 +650,44 @@ def test_digits_as_a_plain_process_with_sagemaker_variables(tmp_path: Path) -> N
     assert not (base / "output" / "data" / "training_curves.png").exists()  # False was false
     assert [os.path.basename(p) for p in ddp_utils.list_checkpoints(str(tmp_path / "ck"))] == [
         "checkpoint-e0001-s0000000.pt", "checkpoint-e0002-s0000000.pt"]
+
+
+def test_digits_under_plain_torchrun_writes_where_the_ddp_variables_say(tmp_path: Path) -> None:
+    """Kubeflow, SLURM, a hand-made cluster: torchrun, no SM_* variable, the DDP_* ones say where files go."""
+    assert not [k for k in os.environ if k.startswith(("AIP_", "OCI__", "DDP_MODEL", "DDP_OUTPUT", "DDP_CHECK"))]
+    model_dir, out_dir, ck_dir = tmp_path / "m", tmp_path / "o", tmp_path / "c"
+    run = Run([PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--local-addr", "127.0.0.1",
+               DIGITS, "--epochs", "2", "--timeout", "2"], tmp_path,
+              {"DDP_MODEL_DIR": str(model_dir), "DDP_OUTPUT_DIR": str(out_dir), "DDP_CHECKPOINT_DIR": str(ck_dir)})
+    try:
+        run.proc.wait(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.proc.pid, signal.SIGKILL)  # torchrun's own session: it and its workers
+    assert run.finish() == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert not [k for k in launcher_env() if k.startswith("SM_")]  # Run's environment had none
+    assert "world size 2" in run.stdout
+    assert (f"model dir {model_dir} (DDP_MODEL_DIR), output data dir {out_dir} (DDP_OUTPUT_DIR), "
+            f"checkpoint dir {ck_dir} (DDP_CHECKPOINT_DIR)") in run.stdout
+    model = train_digits.Net()
+    model.load_state_dict(torch.load(model_dir / "model.pt", weights_only=True))
+    assert sorted(os.listdir(model_dir)) == ["model.pt"]
+    check_history(json.loads((out_dir / "metrics.json").read_text()), 2)
+    assert (out_dir / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [os.path.basename(p) for p in ddp_utils.list_checkpoints(str(ck_dir))] == [
+        "checkpoint-e0001-s0000000.pt", "checkpoint-e0002-s0000000.pt"]
+    assert not (tmp_path / "outputs").exists()  # nothing went to the local default
+    hashes = run.hashes()
+    assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1] == ddp_utils.state_hash(model)
+
+
+def test_a_script_given_a_bad_location_exits_2_before_starting(tmp_path: Path) -> None:
+    """The in-process tests above cover every bad value; this one shows what a real script run does."""
+    run = Run([PYTHON, DIGITS], tmp_path, {"DDP_MODEL_DIR": "s3://bucket/model"})
+    assert run.finish(timeout=120) == 2
+    assert run.stderr.startswith("error: DDP_MODEL_DIR='s3://bucket/model': "), run.stderr
+    assert len(run.stderr.splitlines()) == 1, run.stderr
+    assert not run.pid_dir.exists()  # start() never ran
 
 
 def test_sigterm_checkpoints_and_the_next_run_resumes(tmp_path: Path) -> None:

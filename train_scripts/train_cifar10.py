@@ -5,8 +5,9 @@ Differences from that script, for speed on CPUs and for SageMaker:
 - the data set is read once into a uint8 tensor (50,000 x 3 x 32 x 32 = 150 MB); batches are cut
   from it, augmented (random crop with 4 pixels of padding, horizontal flip) and normalised as
   whole-batch tensor operations: no PIL image and no DataLoader worker per sample;
-- it is downloaded only when ``--data-dir`` (default ``SM_CHANNEL_TRAIN``) does not hold it yet, by
-  one process per host while the others wait;
+- it is downloaded only when ``--data-dir`` (default the ``train`` channel: ``SM_CHANNEL_TRAIN``, else
+  ``DDP_CHANNEL_TRAIN``, else ``$DDP_DATA_DIR/train``, else ``./data``) does not hold it yet, by one process
+  per host while the others wait;
 - ``ddp_utils``' speed defaults: bf16 autocast where the CPU or GPU computes bf16 in hardware,
   channels_last images, malloc that keeps freed memory (``--bf16 false`` for fp32 everywhere);
 - evaluation runs every epoch on all ranks; checkpoints, resume, SIGTERM and metrics come from
@@ -132,7 +133,8 @@ def normalize(images: torch.Tensor) -> torch.Tensor:
 def build_parser() -> argparse.ArgumentParser:
     parser = ddp_utils.add_common_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("--data-dir", default=None,
-                        help="directory containing CIFAR-10 (default SM_CHANNEL_TRAIN, else ./data)")
+                        help="directory containing CIFAR-10 (default SM_CHANNEL_TRAIN, DDP_CHANNEL_TRAIN or "
+                             "$DDP_DATA_DIR/train, else ./data)")
     parser.add_argument("--synthetic", type=int, default=0, metavar="N",
                         help="train on N random in-memory images instead (no data, no download)")
     parser.add_argument("--augment", type=ddp_utils.str2bool, default=True,
@@ -146,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 @record
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ddp_utils.resolve_paths(build_parser().parse_args(argv))
+    settings = ddp_utils.FitSettings.from_args(args)
     args.data_dir = args.data_dir or ddp_utils.channel("train", "data")
     job = ddp_utils.start(args.backend, args.timeout)
     try:
@@ -154,6 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                             else load_cifar10(job, args.data_dir))
         job.log(f"CIFAR-10: {len(x_train)} training and {len(x_test)} test images; world size "
                 f"{job.world_size}, backend {job.backend}, device {job.device}")
+        job.log(args.paths.describe())
         model = ddp_utils.wrap(job, Net(), args.channels_last)
         optimizer = torch.optim.SGD(model.parameters(), lr=ddp_utils.scaled_lr(job, args),
                                     momentum=args.momentum)
@@ -175,12 +179,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        for sel in test_share.split(args.eval_batch_size))
             return ddp_utils.evaluate(job, model, batches, args.bf16)
 
-        result = ddp_utils.fit(job, args, model, optimizer, train_sampler=train_sampler,
+        result = ddp_utils.fit(job, settings, model, optimizer, train_sampler=train_sampler,
                                train_batches=train_batches, evaluate_fn=evaluate)
         if result.stopped:
             job.log("stopped by a signal; the checkpoint resumes it")
             return 0
-        ddp_utils.save_model(job, args, model, "cifar_net.pt")
+        ddp_utils.save_model(job, args.model_dir, model, "cifar_net.pt")
     finally:
         ddp_utils.shutdown()
     return 0

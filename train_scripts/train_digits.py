@@ -1,9 +1,10 @@
 """The project's demo: a small network on scikit-learn's 8x8 digits with PyTorch DDP (no download).
 
 1,797 images, split 80/20 (stratified, fixed seed) into training and test sets; a METRIC line per
-epoch; rank 0 saves the model's state_dict to the model dir (``SM_MODEL_DIR``); SGD with a cosine schedule and writes
-``metrics.json`` and ``training_curves.png`` (loss and accuracy per epoch) to the output data dir
-(``SM_OUTPUT_DATA_DIR``). About 97 % test accuracy after 30 epochs, in seconds on a CPU.
+epoch; SGD with a cosine schedule. Rank 0 saves the model's state_dict to the model dir and writes
+``metrics.json`` and ``training_curves.png`` (loss and accuracy per epoch) to the output data dir: on
+SageMaker ``SM_MODEL_DIR`` and ``SM_OUTPUT_DATA_DIR``, elsewhere the options, the platform's or the
+``DDP_*`` variables (see ``ddp_utils``). About 97 % test accuracy after 30 epochs, in seconds on a CPU.
 
 Run: ``python -m launcher simulate --hosts 2 --nproc-per-node 1 --workdir runs/demo --
 train_scripts/train_digits.py --epochs 30``
@@ -84,12 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
 @record
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ddp_utils.resolve_paths(build_parser().parse_args(argv))
+    settings = ddp_utils.FitSettings.from_args(args)
     job = ddp_utils.start(args.backend, args.timeout)
     try:
         torch.manual_seed(args.seed)
         x_train, y_train, x_test, y_test = load_split(args.test_size, args.seed)
         job.log(f"digits: {len(x_train)} training and {len(x_test)} test images; world size "
                 f"{job.world_size}, backend {job.backend}, device {job.device}")
+        job.log(args.paths.describe())
         model = ddp_utils.wrap(job, Net(args.hidden), args.channels_last)
         optimizer = torch.optim.SGD(model.parameters(), lr=ddp_utils.scaled_lr(job, args),
                                     momentum=args.momentum)
@@ -101,14 +104,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return ((x_train[sel], y_train[sel]) for sel in order.split(args.batch_size))
 
         test_share = torch.tensor(ddp_utils.shard(job, len(x_test)), dtype=torch.int64)
-        result = ddp_utils.fit(job, args, model, optimizer, scheduler=scheduler,
+        result = ddp_utils.fit(job, settings, model, optimizer, scheduler=scheduler,
                                train_sampler=train_sampler, train_batches=train_batches,
                                evaluate_fn=lambda: ddp_utils.evaluate(
                                    job, model, [(x_test[test_share], y_test[test_share])], args.bf16))
         if result.stopped:
             job.log("stopped by a signal; the checkpoint resumes it")
             return 0
-        ddp_utils.save_model(job, args, model, "model.pt")
+        ddp_utils.save_model(job, args.model_dir, model, "model.pt")
         if job.is_main and args.plot and result.history:
             plot = plot_curves(result.history, os.path.join(args.output_data_dir, "training_curves.png"))
             job.log(f"plot saved: {plot}")

@@ -1,10 +1,12 @@
 """Fine-tune ResNet-18 with PyTorch DDP on an ImageFolder data set (e.g. Hymenoptera ants and bees).
 
 Data: ``train/<class>/*.jpg`` and ``val/<class>/*.jpg``, from ``--train-dir`` / ``--val-dir``, else
-the SageMaker channels ``SM_CHANNEL_TRAIN`` / ``SM_CHANNEL_VAL``, else ``--data-dir``'s ``train`` and
-``val`` folders. Starting weights: ``--weights PATH`` (a state_dict file, e.g. torchvision's
-``resnet18-f37072fd.pth``; a classifier of another shape is left out), or torchvision's ImageNet
-weights with ``--pretrained-download true``; otherwise random. Nothing is downloaded unless asked.
+``--data-dir``'s ``train`` and ``val`` folders, else the channels ``train`` and ``val`` (SageMaker's
+``SM_CHANNEL_TRAIN`` / ``SM_CHANNEL_VAL``, else ``DDP_CHANNEL_TRAIN`` / ``DDP_CHANNEL_VAL``, else
+``$DDP_DATA_DIR/train`` and ``$DDP_DATA_DIR/val``). Starting weights: ``--weights PATH`` (a state_dict
+file, e.g. torchvision's ``resnet18-f37072fd.pth``; a classifier of another shape is left out), or
+torchvision's ImageNet weights with ``--pretrained-download true``; otherwise random. Nothing is
+downloaded unless asked.
 
 Run: ``python -m launcher --nproc-per-node 2 train_scripts/train_resnet.py --data-dir hymenoptera_data``
 """
@@ -29,13 +31,13 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def data_dirs(args: argparse.Namespace) -> tuple[str, str]:
-    """The train and validation folders: flags, then SageMaker channels, then ``--data-dir``."""
+    """The train and validation folders: ``--train-dir``/``--val-dir``, ``--data-dir``, then the channels."""
     base = args.data_dir
     train = args.train_dir or (os.path.join(base, "train") if base else ddp_utils.channel("train"))
     val = args.val_dir or (os.path.join(base, "val") if base else ddp_utils.channel("val"))
     if not train or not val:
         raise SystemExit("no data: give --data-dir (with train/ and val/) or --train-dir and --val-dir, "
-                         "or run with the SageMaker channels 'train' and 'val'")
+                         "or set DDP_DATA_DIR (with train/ and val/), or run with the channels 'train' and 'val'")
     return train, val
 
 
@@ -84,8 +86,8 @@ def build_model(job: ddp_utils.Job, num_classes: int, weights: Optional[str], do
 def build_parser() -> argparse.ArgumentParser:
     parser = ddp_utils.add_common_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("--data-dir", default=None, help="folder with train/<class>/ and val/<class>/")
-    parser.add_argument("--train-dir", default=None, help="training ImageFolder (default SM_CHANNEL_TRAIN)")
-    parser.add_argument("--val-dir", default=None, help="validation ImageFolder (default SM_CHANNEL_VAL)")
+    parser.add_argument("--train-dir", default=None, help="training ImageFolder (default the train channel)")
+    parser.add_argument("--val-dir", default=None, help="validation ImageFolder (default the val channel)")
     parser.add_argument("--image-size", type=int, default=224, help="input size of the network")
     parser.add_argument("--weights", default=None, help="a local state_dict file to start from")
     parser.add_argument("--pretrained-download", type=ddp_utils.str2bool, default=False,
@@ -99,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 @record
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ddp_utils.resolve_paths(build_parser().parse_args(argv))
+    settings = ddp_utils.FitSettings.from_args(args)
     train_dir, val_dir = data_dirs(args)
     job = ddp_utils.start(args.backend, args.timeout)
     try:
@@ -106,6 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         train_set, val_set = image_folders(train_dir, val_dir, args.image_size)
         job.log(f"classes {train_set.classes}: {len(train_set)} training and {len(val_set)} validation "
                 f"images; world size {job.world_size}, backend {job.backend}, device {job.device}")
+        job.log(args.paths.describe())
         model = ddp_utils.wrap(job, build_model(job, len(train_set.classes), args.weights,
                                                 args.pretrained_download), args.channels_last)
         optimizer = torch.optim.SGD(model.parameters(), lr=ddp_utils.scaled_lr(job, args),
@@ -116,13 +120,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler, **options)
         val_loader = DataLoader(Subset(val_set, ddp_utils.shard(job, len(val_set))),
                                 batch_size=args.batch_size, shuffle=False, **options)
-        result = ddp_utils.fit(job, args, model, optimizer, scheduler=scheduler,
+        result = ddp_utils.fit(job, settings, model, optimizer, scheduler=scheduler,
                                train_sampler=train_sampler, train_batches=lambda: train_loader,
                                evaluate_fn=lambda: ddp_utils.evaluate(job, model, val_loader, args.bf16))
         if result.stopped:
             job.log("stopped by a signal; the checkpoint resumes it")
             return 0
-        if ddp_utils.save_model(job, args, model, "model.pt"):
+        if ddp_utils.save_model(job, args.model_dir, model, "model.pt"):
             with open(os.path.join(args.model_dir, "classes.json"), "w", encoding="utf-8") as fh:
                 json.dump(train_set.classes, fh)
     finally:

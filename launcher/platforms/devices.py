@@ -1,4 +1,4 @@
-"""What accelerators and fabrics a host shows, read from device files (no driver calls)."""
+"""What accelerators and fabrics a host shows, read from device files and sysfs (no driver calls)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,17 @@ def count_gpus(dev_dir: str = "/dev") -> int:
         return 0
 
 
-def has_efa(dev_dir: str = "/dev") -> bool:
-    """True where an EFA (or other verbs) device exists: ``/dev/infiniband/uverbs*``."""
+def rdma_drivers(sys_dir: str = "/sys") -> dict[str, str]:
+    """RDMA device -> its kernel driver (``rdmap0s31 -> efa``, ``mlx5_0 -> mlx5_core``), from sysfs."""
+    root = os.path.join(sys_dir, "class", "infiniband")
     try:
-        return any(name.startswith("uverbs") for name in os.listdir(os.path.join(dev_dir, "infiniband")))
+        names = sorted(os.listdir(root))
     except OSError:
-        return False
+        return {}
+    drivers = {}
+    for name in names:
+        try:
+            drivers[name] = os.path.basename(os.readlink(os.path.join(root, name, "device", "driver")))
+        except OSError:
+            drivers[name] = ""
+    return drivers

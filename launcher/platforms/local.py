@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-import os
-from typing import Optional
+from collections.abc import Mapping
 
 from launcher.cluster import Cluster
-from launcher.platforms.devices import count_gpus
+from launcher.options import Options
+from launcher.platforms.base import Platform, nproc_per_node, this_host
 
-NAME = "local"
+
+class Local(Platform):
+    """One machine, no cluster manager: ``torchrun --standalone``."""
+
+    name = "local"
+    reads = "nothing: one node, --nproc-per-node or one process per GPU"
+    grace_period = 30.0
+
+    def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:
+        return ("always: one machine",)
+
+    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+        evidence: list[str] = []
+        nproc = nproc_per_node(options, evidence, dev_dir)
+        return Cluster(platform=self.name, nnodes=1, node_rank=0, nproc_per_node=nproc,
+                       current_host=this_host(), master_addr=None, evidence=tuple(evidence))
 
 
-def resolve(requested_nproc: Optional[int] = None, dev_dir: str = "/dev") -> Cluster:
-    """One node; processes: the option, else one per GPU, else 1."""
-    if requested_nproc is not None:
-        nproc, why = requested_nproc, f"--nproc-per-node {requested_nproc}"
-    else:
-        gpus = count_gpus(dev_dir)
-        nproc = gpus or 1
-        why = f"{gpus} GPU device(s) in {dev_dir}" if gpus else "no GPU device: 1 process (CPU, gloo)"
-    return Cluster(
-        platform=NAME,
-        nnodes=1,
-        node_rank=0,
-        nproc_per_node=nproc,
-        current_host=os.uname().nodename,
-        master_addr=None,
-        evidence=("no cluster manager found (no SageMaker files or SM_* variables)", why),
-    )
+PLATFORM = Local()

@@ -1,11 +1,47 @@
-"""``ddp-launcher simulate``: run N SageMaker hosts as N launcher processes on this machine.
+"""``ddp-launcher simulate``: run N hosts of a cluster platform as N launcher processes on this machine.
 
 Usage::
 
-    ddp-launcher simulate --hosts N [--nproc-per-node P] [--instance-type ml.m5.xlarge]
-        [--channel NAME=DIR ...] [--workdir DIR] [--job-name NAME] [--hyperparameters JSON]
-        [--toolkit] [--fault HOST:SIGNAL:AFTER ...] [--grace-period S]
-        [-- script.py --key value ...]
+    ddp-launcher simulate --hosts N [--platform P] [--nproc-per-node K] [--workdir DIR]
+        [--job-name NAME] [--fault HOST:SIGNAL:AFTER ...] [--grace-period S]
+        [SageMaker: --instance-type ml.m5.xlarge --channel NAME=DIR ... --hyperparameters JSON --toolkit]
+        [kubeflow: --kubeflow-legacy]
+        -- script.py args...
+
+``--platform`` is ``sagemaker`` (the default), ``kubeflow``, ``kubeflow-v2``, ``oci``, ``vertex`` or
+``env``. Each host gets exactly the variables and files that platform gives a real node (each
+builder in ``launcher/simulate/hosts/`` cites the platform's source); the launcher on each host must
+find its platform by itself (simulate never sets ``LAUNCHER_PLATFORM``). Host names are the
+platform's; ``LAUNCHER_RESOLVE`` maps every name to 127.0.0.1 (nothing on the machine is edited).
+
+- ``sagemaker``: hosts ``algo-1`` .. ``algo-N``, each an ``/opt/ml`` tree and the ``SM_*`` variables
+  (below); started as ``python launch.py <hyperparameters>`` in ``code/``.
+- ``kubeflow`` (PyTorchJob, training-operator v1.9): pods ``<job>-master-0``, ``<job>-worker-<i>``;
+  ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``, ``PET_NNODES``, ``PET_NODE_RANK``,
+  ``PET_NPROC_PER_NODE`` (``auto`` unless ``--nproc-per-node``), ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``.
+  ``--kubeflow-legacy``: an operator before 1.7, one process per pod: ``MASTER_ADDR``, ``MASTER_PORT``,
+  ``WORLD_SIZE`` = pods, ``RANK`` = pod index, nothing else.
+- ``kubeflow-v2`` (Trainer v2 TrainJob): pods ``<job>-node-0-<i>``, reached as ``<job>-node-0-<i>.<job>``;
+  ``PET_NNODES``, ``PET_NPROC_PER_NODE`` (``auto`` unless ``--nproc-per-node``), ``PET_NODE_RANK``,
+  ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``, and Kubernetes' ``JOB_COMPLETION_INDEX``.
+- ``oci`` (Data Science multi-node job runs): nodes ``node-<i>``; ``NODE_RANK``, ``NODE_COUNT``,
+  ``INITIAL_CLUSTER_SIZE``, ``JOB_OCID``, ``JOB_RUN_OCID``, ``FQDN`` and ``CLUSTER_NODES_METADATA_FILE``,
+  a JSON list of ``{"Rank", "IPAddress"}`` that fills in as the nodes start.
+- ``vertex`` (custom training): replicas ``workerpool0-<id>-0`` (the primary), ``workerpool1-<id>-<i>``;
+  ``CLUSTER_SPEC`` with ``cluster``, ``environment``, ``task`` (``type``, ``index``) and ``job``.
+- ``env`` (Docker Compose, bare metal): hosts ``node-<i>``; ``MASTER_ADDR`` (``node-0``),
+  ``MASTER_PORT``, ``NNODES``, ``NODE_RANK``.
+
+Every platform but SageMaker starts each host as ``python -m launcher script.py args...`` (the job's
+command there) in its own directory ``DIR/<host>/``, with this repository's launcher on ``PYTHONPATH``;
+the script and its arguments are passed through untouched. Kubernetes pods also get ``HOSTNAME``
+and ``KUBERNETES_SERVICE_HOST``/``_PORT``. Where the platform gives no port (oci, vertex) or no
+process count (oci, vertex, env, kubeflow-legacy), simulate sets ``LAUNCHER_MASTER_PORT`` and
+``LAUNCHER_NPROC_PER_NODE`` as the job's environment would. Ports are free ports of this machine,
+not the platform's fixed ones (23456, 29500): every host is 127.0.0.1.
+
+SageMaker
+---------
 
 ``-- script.py --epochs 3 --name "a b" --flag`` stands for the estimator's hyperparameters
 ``{"train-script": "script.py", "epochs": 3, "name": "a b", "flag": true}``: each value is decoded as
@@ -18,7 +54,7 @@ Each host ``algo-i`` gets what a SageMaker host gets, written in AWS's formats:
   ``resourceconfig.json``, ``hyperparameters.json`` (JSON-encoded values and the ``sagemaker_*``
   entries, as SDK v2 writes them), ``inputdataconfig.json`` and ``checkpointconfig.json``;
   ``input/data/<channel>``; ``code/``; ``model/``; ``output/data/``; ``checkpoints/``.
-- The source bundle (:func:`launcher.bundle.stage_bundle`) is packed once into
+- The source bundle (:func:`launcher.platforms.sagemaker.bundle.stage_bundle`) is packed once into
   ``DIR/sourcedir.tar.gz``, the file the SDK uploads; ``sagemaker_submit_directory`` names it. Without
   ``--toolkit`` simulate extracts it into each ``code/``; with ``--toolkit`` AWS's toolkit does
   (``files.download_and_extract``), as on SageMaker.
@@ -30,16 +66,19 @@ Each host ``algo-i`` gets what a SageMaker host gets, written in AWS's formats:
 - It starts as SageMaker starts it: in ``code/``, ``python launch.py <the argv AWS's toolkit renders
   from hyperparameters.json>``; with ``--toolkit``, through AWS's real ``train`` command.
 
-Choices, and why:
+Choices, and why (every platform):
 
 - Default work directory ``./runs/<job-name>``: kept after the run, so the model, the failure files
   and ``summary.json`` can be read afterwards (``/runs/`` is git-ignored).
-- Channels are symlinks to the user's directories: a copy per host would cost N times the disk and
-  the time for a real data set. A script that writes into its channel writes the user's files.
-- ``network_interface_name`` is ``lo``: every simulated host is 127.0.0.1, which is on ``lo``.
-- ``instance_groups`` lists the current host first: SageMaker does not sort that list.
+- OCI's metadata file gets a node's entry once that node's launcher has started, replaced in one step
+  (a reader never sees half a file): the first launchers find it incomplete and must wait.
+- SageMaker's channels are symlinks to the user's directories: a copy per host would cost N times the
+  disk and the time for a real data set. A script that writes into its channel writes the user's files.
+- SageMaker's ``network_interface_name`` is ``lo``: every simulated host is 127.0.0.1, which is on ``lo``.
+- SageMaker's ``instance_groups`` lists the current host first: SageMaker does not sort that list.
 - When a host ends with a failure, is lost or was stopped on purpose, simulate sends SIGTERM to the
-  other launchers, as SageMaker stops the remaining instances of a failed job. Their workers would
+  other launchers, as SageMaker stops the remaining instances of a failed job (and Kubeflow's
+  default ``runPolicy`` the other pods). Their workers would
   otherwise wait in a collective until gloo gives up (about 20 s, NCCL 10 min). Each launcher gets
   ``--grace-period`` (default 5 s) to stop its workers; a launcher still running 5 s after that is
   killed with its process tree.
@@ -50,8 +89,10 @@ Choices, and why:
   none (on SageMaker the signal reaches the container's first process only).
 
 Faults: ``--fault algo-2:SIGKILL:5`` kills that host's launcher 5 s after the start (a lost
-instance: its watchdog kills the workers); ``SIGTERM`` is a spot interruption. ``AFTER`` may be
-``step=N``: the fault fires when a line of that host's output contains ``step=N`` (or ``step N``).
+instance or node: its watchdog kills the workers); ``SIGTERM`` is a spot interruption (or a pod's
+eviction). HOST is the platform's name, e.g. ``--platform kubeflow --fault JOB-worker-0:SIGKILL:5``.
+``AFTER`` may be ``step=N``: the fault fires when a line of that host's output contains ``step=N``
+(or ``step N``).
 
 Standard library only; never imports torch.
 """
@@ -63,13 +104,16 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
+from launcher import streams
 from launcher.errors import ConfigError
 from launcher.simulate.config import PROG, Fault, build_config, parse_fault, script_hyperparameters
-from launcher.simulate.environment import ADDRESS, free_port, toolkit_env
+from launcher.simulate.hosts import builder
+from launcher.simulate.hosts.base import ADDRESS, free_port, write_json
+from launcher.simulate.hosts.sagemaker import make_tree
+from launcher.simulate.hosts.sagemaker_env import toolkit_env
+from launcher.simulate.hosts.sagemaker_files import encode_hyperparameters
 from launcher.simulate.run import Simulation, log
-from launcher.simulate.sagemaker_files import encode_hyperparameters
 from launcher.simulate.summary import format_summary, job_report
-from launcher.simulate.tree import make_tree, write_json
 
 # The package's public names: main, and what the tests call directly.
 __all__ = ["Fault", "build_config", "encode_hyperparameters", "main", "make_tree", "parse_fault",
@@ -82,17 +126,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         config = build_config(args, os.getcwd())
         port = free_port()
-        specs = make_tree(config, os.environ, port)
+        specs = builder(config.platform).make_hosts(config, os.environ, port)
     except ConfigError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
         return 2
-    log(f"job {config.job_name}: {len(specs)} host(s) in {config.workdir}, master "
+    log(f"{config.platform} job {config.job_name}: {len(specs)} host(s) in {config.workdir}, master "
         f"{ADDRESS}:{port}{', through AWS toolkit' if config.toolkit else ''}")
     sim = Simulation(config, specs)
     try:
         sim.run()
     except OSError as exc:
-        sys.stderr.write(f"{PROG}: error: cannot start a host: {exc}\n")
+        streams.write(sys.stderr, f"{PROG}: error: cannot start a host: {exc}\n")
         return 1
     for run in sim.runs:
         for armed in run.faults:
@@ -100,7 +144,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 log(f"fault {armed.fault.host}:{armed.fault.name}:{armed.fault.when()} never fired")
     report = job_report(sim)
     write_json(os.path.join(config.workdir, "summary.json"), report)
-    sys.stdout.flush()
-    sys.stderr.write("\n" + format_summary(report) + "\n")
-    sys.stderr.flush()
+    streams.write(sys.stdout, "")  # flushes: the summary comes after the hosts' output
+    streams.write(sys.stderr, "\n" + format_summary(report) + "\n")
     return int(report["exit_code"])

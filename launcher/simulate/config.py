@@ -18,9 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from launcher import bundle
-from launcher.errors import ConfigError
-from launcher.simulate.sagemaker_files import sdk_entries
+from launcher.errors import ConfigError, shown
+from launcher.platforms.sagemaker import bundle
+from launcher.simulate.hosts import BUILDERS, DEFAULT, builder
+from launcher.simulate.hosts.sagemaker_files import sdk_entries
 
 PROG = "ddp-launcher simulate"
 MAX_HOSTS = 64
@@ -28,8 +29,21 @@ DEFAULT_INSTANCE_TYPE = "ml.m5.xlarge"
 DEFAULT_GRACE_PERIOD = 5.0
 SCRIPT_KEYS = ("train-script", "train_script")
 MAX_HYPERPARAMETERS, MAX_KEY_CHARS, MAX_VALUE_CHARS = 100, 256, 2500  # CreateTrainingJob's limits
+MAX_DEPTH = 100  # JSON nesting of a value: deeper ones break the JSON writers' recursion down the line
 CHANNEL_NAME = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
 JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+KUBERNETES_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1035 label
+SAGEMAKER_ONLY = ("instance_type", "channel", "hyperparameters", "toolkit")
+EPILOG = """then: -- script.py args...  (SageMaker: the estimator's hyperparameters, --key value ...)
+
+platforms (each host gets what the platform gives a real node; the manual: launcher/simulate/__init__.py):
+  sagemaker    algo-1..algo-N: /opt/ml tree (resourceconfig.json ...) and SM_* variables
+  kubeflow     JOB-master-0, JOB-worker-i: MASTER_ADDR/PORT, WORLD_SIZE, RANK, PET_NNODES, PET_NODE_RANK,
+               PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT (--kubeflow-legacy: MASTER_*, WORLD_SIZE, RANK)
+  kubeflow-v2  JOB-node-0-i: PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR/PORT
+  oci          node-i: NODE_RANK, NODE_COUNT, INITIAL_CLUSTER_SIZE, CLUSTER_NODES_METADATA_FILE
+  vertex       workerpool0-ID-0, workerpool1-ID-i: CLUSTER_SPEC
+  env          node-i: MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK"""
 
 
 @dataclass(frozen=True)
@@ -46,7 +60,7 @@ class Fault:
         return signal.Signals(self.signum).name
 
     def meaning(self) -> str:
-        """What the fault stands for on SageMaker."""
+        """What the fault stands for on a cloud platform."""
         return {signal.SIGKILL: "lost instance", signal.SIGTERM: "spot interruption"}.get(
             self.signum, "signal")
 
@@ -58,6 +72,7 @@ class Fault:
 class Config:
     """Everything simulate decided from its command line, before anything is written or started."""
 
+    platform: str
     hosts: tuple[str, ...]
     nproc_per_node: Optional[int]
     instance_type: str
@@ -69,6 +84,8 @@ class Config:
     toolkit: Optional[tuple[str, ...]]  # AWS's `train` command, when --toolkit
     faults: tuple[Fault, ...]
     grace_period: float
+    script_args: tuple[str, ...] = ()  # the words after the script, untouched (not SageMaker)
+    kubeflow_legacy: bool = False
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,23 +97,31 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """simulate's options (the script and its hyperparameters come after ``--``)."""
-    p = _Parser(prog=PROG, allow_abbrev=False,
-                description="Run N SageMaker hosts as N launcher processes on this machine.",
-                epilog="then: -- script.py --key value ...  (the estimator's hyperparameters)")
+    p = _Parser(prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                description="Run N hosts of a cluster platform as N launcher processes on this machine.",
+                epilog=EPILOG)
+    p.add_argument("--platform", choices=list(BUILDERS), default=DEFAULT,
+                   help=f"the platform the hosts are given the variables and files of (default {DEFAULT})")
     p.add_argument("--hosts", type=int, required=True, help=f"number of hosts, 1-{MAX_HOSTS}")
     p.add_argument("--nproc-per-node", type=int, default=None,
-                   help="processes per host (LAUNCHER_NPROC_PER_NODE; default: the launcher's, 1 on CPU)")
-    p.add_argument("--instance-type", default=DEFAULT_INSTANCE_TYPE)
+                   help="processes per host (the platform's own field where it has one, else "
+                        "LAUNCHER_NPROC_PER_NODE; default: the platform's or the launcher's, 1 on CPU)")
+    p.add_argument("--kubeflow-legacy", action="store_true",
+                   help="kubeflow: a training-operator before 1.7 (one process per pod: MASTER_ADDR, "
+                        "MASTER_PORT, WORLD_SIZE = pods, RANK = pod index; no PET_*)")
+    p.add_argument("--instance-type", default=None, help=f"SageMaker: default {DEFAULT_INSTANCE_TYPE}")
     p.add_argument("--channel", action="append", default=[], metavar="NAME=DIR",
-                   help="an input channel: input/data/NAME links to DIR")
+                   help="SageMaker: an input channel, input/data/NAME links to DIR")
     p.add_argument("--workdir", default=None, help="where the hosts' trees go (default ./runs/JOB)")
-    p.add_argument("--job-name", default=None, help="TRAINING_JOB_NAME (default simulate-<time>)")
+    p.add_argument("--job-name", default=None,
+                   help="the job's name, in its host names and TRAINING_JOB_NAME (default simulate-<time>)")
     p.add_argument("--hyperparameters", default=None, metavar="JSON",
-                   help="the estimator's hyperparameters as a JSON object")
+                   help="SageMaker: the estimator's hyperparameters as a JSON object")
     p.add_argument("--toolkit", action="store_true",
-                   help="start each host through AWS's sagemaker-training `train` command")
+                   help="SageMaker: start each host through AWS's sagemaker-training `train` command")
     p.add_argument("--fault", action="append", default=[], metavar="HOST:SIGNAL:AFTER",
-                   help="e.g. algo-2:SIGKILL:5 (lost instance), algo-2:SIGTERM:step=3 (spot)")
+                   help="e.g. algo-2:SIGKILL:5 (lost instance), algo-2:SIGTERM:step=3 (spot); "
+                        "HOST as the platform names it")
     p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_PERIOD,
                    help="seconds a launcher may take to stop its workers (LAUNCHER_GRACE_PERIOD)")
     return p
@@ -115,7 +140,7 @@ def decode_value(text: str) -> Any:
     """A command-line value as the user meant it: JSON where it parses, else the text."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to be meant as JSON
         return text
 
 
@@ -155,10 +180,12 @@ def parse_hyperparameters_json(text: Optional[str]) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(text)
+    except RecursionError:
+        raise ConfigError("--hyperparameters is not valid JSON: nested too deeply") from None
     except ValueError as exc:
-        raise ConfigError(f"--hyperparameters is not valid JSON ({exc}): {text!r}") from None
+        raise ConfigError(f"--hyperparameters is not valid JSON ({exc}): {shown(text)}") from None
     if not isinstance(value, dict):
-        raise ConfigError(f"--hyperparameters must be a JSON object, found {text!r}")
+        raise ConfigError(f"--hyperparameters must be a JSON object, found {shown(text)}")
     return value
 
 
@@ -193,7 +220,8 @@ def parse_fault(text: str, hosts: Sequence[str]) -> Fault:
         raise ConfigError(f"--fault must be HOST:SIGNAL:AFTER, e.g. algo-2:SIGKILL:5: {text!r}")
     host, sig, after = parts
     if host not in hosts:
-        raise ConfigError(f"--fault {text!r}: no host {host!r} (the hosts are algo-1..algo-{len(hosts)})")
+        raise ConfigError(f"--fault {text!r}: no host {host!r} (the hosts are {', '.join(hosts[:3])}"
+                          f"{', ...' if len(hosts) > 3 else ''})")
     try:
         signum = parse_signal(sig)
     except (KeyError, ValueError):
@@ -253,21 +281,61 @@ def _check_counts(args: argparse.Namespace) -> None:
         raise ConfigError(f"--nproc-per-node must be at least 1: {args.nproc_per_node}")
     if not args.grace_period > 0:
         raise ConfigError(f"--grace-period must be > 0 seconds: {args.grace_period:g}")
-    if not args.instance_type.startswith("ml."):
+    if args.instance_type is not None and not args.instance_type.startswith("ml."):
         raise ConfigError(f"--instance-type must be a SageMaker type like ml.m5.xlarge: "
                           f"{args.instance_type!r}")
 
 
+def _texts(value: Any) -> tuple[list[str], int]:
+    """Every text inside a decoded hyperparameter value (dict keys included), and its depth of nesting."""
+    texts: list[str] = []
+    deepest = 0
+    stack = [(value, 0)]
+    while stack:  # no recursion: a value may be nested deeper than Python's recursion limit
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, str):
+            texts.append(item)
+        elif isinstance(item, dict):
+            texts.extend(item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return texts, deepest
+
+
+def _unusable(text: str) -> Optional[str]:
+    """Why a text cannot be part of an argv word or an environment variable (None: it can)."""
+    if "\0" in text:
+        return "a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a character that is not UTF-8 (a lone surrogate)"
+    return None
+
+
 def _check_limits(hps: Mapping[str, Any], sagemaker_entries: int) -> None:
-    """CreateTrainingJob refuses more than 100 entries, keys over 256 or values over 2500 chars."""
+    """CreateTrainingJob refuses more than 100 entries, keys over 256 or values over 2500 chars; each
+    hyperparameter becomes argv words and ``SM_HP_<KEY>``: NUL, '=' in a key, lone surrogates are refused,
+    and values nested deeper than ``MAX_DEPTH``."""
     if len(hps) + sagemaker_entries > MAX_HYPERPARAMETERS:
         raise ConfigError(f"{len(hps)} hyperparameters and the SDK's {sagemaker_entries} exceed "
                           f"SageMaker's limit of {MAX_HYPERPARAMETERS}")
     for key, value in hps.items():
         if not key or len(key) > MAX_KEY_CHARS:
-            raise ConfigError(f"hyperparameter name must be 1-{MAX_KEY_CHARS} characters: {key!r}")
+            raise ConfigError(f"hyperparameter name must be 1-{MAX_KEY_CHARS} characters: {shown(key)}")
+        why = "'=' (it names the variable SM_HP_<NAME>)" if "=" in key else _unusable(key)
+        if why:
+            raise ConfigError(f"hyperparameter name {shown(key)} contains {why}")
+        texts, depth = _texts(value)
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"hyperparameter {shown(key)}: value nested {depth} levels deep (at most {MAX_DEPTH})")
+        why = next(filter(None, map(_unusable, texts)), None)
+        if why:
+            raise ConfigError(f"hyperparameter {shown(key)}: the value {shown(value)} contains {why}")
         if len(json.dumps(value)) > MAX_VALUE_CHARS:
-            raise ConfigError(f"hyperparameter {key!r}: value longer than {MAX_VALUE_CHARS} "
+            raise ConfigError(f"hyperparameter {shown(key)}: value longer than {MAX_VALUE_CHARS} "
                               "characters once JSON-encoded")
 
 
@@ -279,12 +347,45 @@ def _workdir(args: argparse.Namespace, job_name: str, cwd: str) -> str:
     return path
 
 
+def _check_platform(args: argparse.Namespace, job_name: str) -> None:
+    """Options that only one platform has, and the names Kubernetes accepts."""
+    if args.platform != "sagemaker":
+        given = [name for name in SAGEMAKER_ONLY if getattr(args, name) not in (None, False, [])]
+        if given:
+            raise ConfigError(f"--{given[0].replace('_', '-')} is SageMaker-only (--platform {args.platform})")
+    if args.kubeflow_legacy and args.platform != "kubeflow":
+        raise ConfigError(f"--kubeflow-legacy needs --platform kubeflow, not {args.platform!r}")
+    if args.platform.startswith("kubeflow") and not KUBERNETES_NAME.match(job_name):
+        raise ConfigError(f"--job-name must be a Kubernetes name (lower-case letters, digits, '-', "
+                          f"starting with a letter) for --platform {args.platform}: {job_name!r}")
+
+
+def _plain_script(words: Sequence[str], cwd: str) -> tuple[str, tuple[str, ...]]:
+    """``-- script.py args...`` where the job's command is ``python -m launcher script.py args...``."""
+    if not words or words[0].startswith("-"):
+        raise ConfigError("no training script: give it after '--' (-- script.py args...)")
+    path = os.path.abspath(os.path.join(cwd, words[0]))
+    if not os.path.isfile(path):
+        raise ConfigError(f"training script not found: {words[0]!r}")
+    return path, tuple(words[1:])
+
+
 def build_config(argv: Sequence[str], cwd: str) -> Config:
     """Parse and check everything; raises :class:`ConfigError`. Writes and starts nothing."""
     own, script_words = split_at_dashes(argv)
     args = build_parser().parse_args(own)
     _check_counts(args)
-    hosts = tuple(f"algo-{i}" for i in range(1, args.hosts + 1))
+    job_name = args.job_name or default_job_name()
+    if not JOB_NAME.match(job_name):
+        raise ConfigError(f"--job-name must be 1-63 letters, digits and hyphens: {job_name!r}")
+    _check_platform(args, job_name)
+    hosts = builder(args.platform).host_names(job_name, args.hosts)
+    faults = tuple(parse_fault(text, hosts) for text in args.fault)
+    if args.platform != "sagemaker":
+        script, script_args = _plain_script(script_words, cwd)
+        return Config(args.platform, hosts, args.nproc_per_node, "", {}, _workdir(args, job_name, cwd),
+                      job_name, {}, script, None, faults, args.grace_period, script_args,
+                      args.kubeflow_legacy)
     hps = parse_hyperparameters_json(args.hyperparameters)
     script_word, from_words = script_hyperparameters(script_words)
     if script_word is not None:
@@ -295,14 +396,10 @@ def build_config(argv: Sequence[str], cwd: str) -> Config:
     hps = {"train-script": os.path.basename(script), **hps}
     _check_limits(hps, len(sdk_entries("", "", "")))
     channels = dict(parse_channel(text, cwd) for text in args.channel)
-    job_name = args.job_name or default_job_name()
-    if not JOB_NAME.match(job_name):
-        raise ConfigError(f"--job-name must be 1-63 letters, digits and hyphens: {job_name!r}")
-    faults = tuple(parse_fault(text, hosts) for text in args.fault)
     command = toolkit_command() if args.toolkit else None
     if args.toolkit and command is None:
         raise ConfigError(f"--toolkit needs AWS's sagemaker-training package in {sys.executable}: "
                           "pip install sagemaker-training")
-    return Config(hosts, args.nproc_per_node, args.instance_type, channels,
-                  _workdir(args, job_name, cwd), job_name, hps, script, command, faults,
+    return Config(args.platform, hosts, args.nproc_per_node, args.instance_type or DEFAULT_INSTANCE_TYPE,
+                  channels, _workdir(args, job_name, cwd), job_name, hps, script, command, faults,
                   args.grace_period)

@@ -15,18 +15,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Callable, Optional
 
-from launcher import proctree
+from launcher import proctree, streams
 from launcher.simulate.config import Config, Fault
-from launcher.simulate.tree import HostSpec
+from launcher.simulate.hosts.base import HostSpec
 
 BACKSTOP_SECONDS = 5.0  # after the grace period: simulate kills a launcher that is still running
 TICK = 0.05
+REAP_EVERY = 10  # ticks between collecting the zombies of orphans re-parented to simulate
+MARKER = "DDP_LAUNCHER_SIMULATION"  # in every host's environment, so in everything the hosts start
 
 
 def log(message: str) -> None:
-    """One line of simulate's own, on stderr."""
-    sys.stderr.write(f"[simulate] {message}\n")
-    sys.stderr.flush()
+    """One line of simulate's own, on stderr. Never fails (stderr may be closed or a dead pipe)."""
+    streams.write(sys.stderr, f"[simulate] {message}\n")
 
 
 @dataclass
@@ -103,13 +104,19 @@ class Simulation:
         self.signals: list[int] = []
         self.user_signal: Optional[int] = None
         self.start = 0.0
+        self.marker = proctree.new_marker(MARKER)
+        self.watchdog_pid = 0
 
     # -- starting -------------------------------------------------------------------------------
     def _start_host(self, spec: HostSpec) -> HostRun:
-        proc = subprocess.Popen(spec.argv, cwd=spec.cwd, env=dict(spec.env), stdin=subprocess.DEVNULL,
+        env = dict(spec.env)
+        env[MARKER] = self.marker.partition("=")[2]
+        proc = subprocess.Popen(spec.argv, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         faults = [ArmedFault(f) for f in self.config.faults if f.host == spec.name]
         run = HostRun(spec, proc, time.monotonic(), faults)
+        if spec.on_start is not None:
+            spec.on_start()
         prefix = f"[{spec.name}] ".encode()
         for source, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             thread = threading.Thread(target=pump, args=(source, sink, prefix, self.lock,
@@ -219,9 +226,16 @@ class Simulation:
 
     # -- the whole run ----------------------------------------------------------------------------
     def run(self) -> None:
-        """Start every host and return when all have ended and nothing of theirs is left."""
+        """Start every host and return when all have ended and nothing of theirs is left.
+
+        A watchdog in a session of its own kills the hosts' trees and everything carrying the job's
+        marker if simulate itself is killed, even with its whole process group.
+        """
+        streams.ensure_standard_fds()
         proctree.become_subreaper()  # orphans of a killed launcher come back to us
         watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
+        watchdog.kill_marked(self.marker)
+        self.watchdog_pid = watchdog.pid
         previous = {s: signal.signal(s, self._on_signal)
                     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
@@ -233,7 +247,8 @@ class Simulation:
                 ", ".join(f"{r.spec.name} pid {r.proc.pid}" for r in self.runs))
             self._loop()
         finally:  # also when a host could not be started: nothing of the others may stay
-            leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
+            leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid],
+                                           marker=self.marker)
             if leftovers:
                 log(f"killed {leftovers} process(es) the hosts left behind")
             for run in self.runs:
@@ -245,10 +260,14 @@ class Simulation:
             proctree.reap_children()
 
     def _loop(self) -> None:
+        ticks = 0
         while any(r.ended is None for r in self.runs):
             now = time.monotonic()
             self._handle_signals()
             self._fire_due_faults(now)
             self._collect_exits(now)
             self._enforce_deadlines(now)
+            ticks += 1
+            if ticks % REAP_EVERY == 0:
+                proctree.reap_orphans([r.proc.pid for r in self.runs] + [self.watchdog_pid])
             time.sleep(TICK)

@@ -7,10 +7,13 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
+from launcher.simulate.hosts import builder
 from launcher.simulate.run import HostRun, Simulation
 
 
-def _first_line(path: str) -> str:
+def _first_line(path: Optional[str]) -> str:
+    if path is None:
+        return ""
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             return fh.readline().strip()
@@ -18,8 +21,10 @@ def _first_line(path: str) -> str:
         return ""
 
 
-def _model_files(model_dir: str) -> list[str]:
-    found = []
+def _model_files(model_dir: Optional[str]) -> list[str]:
+    found: list[str] = []
+    if model_dir is None:
+        return found
     for root, _dirs, files in os.walk(model_dir):
         found += [os.path.relpath(os.path.join(root, f), model_dir) for f in files]
     return sorted(found)
@@ -42,13 +47,13 @@ def outcome_text(run: HostRun, start: float, user_signal: Optional[int]) -> str:
 
 def host_report(run: HostRun, start: float, user_signal: Optional[int]) -> dict[str, Any]:
     """One row of the summary."""
-    model_dir = os.path.join(run.spec.base_dir, "model")
+    model_dir = run.spec.model_dir
     return {"host": run.spec.name, "exit_code": run.exit_code, "pid": run.proc.pid,
             "started": round(run.started - start, 3), "ended": round((run.ended or start) - start, 3),
             "duration": round((run.ended or run.started) - run.started, 3),
             "outcome": outcome_text(run, start, user_signal),
             "fault_at": None if run.fired() is None else round(run.fired().fired_at - start, 3),
-            "failure": _first_line(os.path.join(run.spec.base_dir, "output", "failure")),
+            "failure": _first_line(run.spec.failure_file),
             "model_dir": model_dir, "model_files": _model_files(model_dir)}
 
 
@@ -60,12 +65,13 @@ def job_report(sim: Simulation) -> dict[str, Any]:
     first = hosts[failing[0][1]] if failing else None
     nonzero = sorted((h["ended"], i) for i, h in enumerate(hosts) if h["exit_code"] != 0)
     last = max(h["ended"] for h in hosts)
-    return {"job_name": sim.config.job_name, "workdir": sim.config.workdir,
+    return {"job_name": sim.config.job_name, "platform": sim.config.platform, "workdir": sim.config.workdir,
             "toolkit": bool(sim.config.toolkit), "hosts": hosts,
             "exit_code": hosts[nonzero[0][1]]["exit_code"] if nonzero else 0,
             "first_failure": first["host"] if first else None,
             "death_to_last_exit": round(last - first["ended"], 3) if first else None,
-            "fault_to_last_exit": _fault_to_last(hosts, last)}
+            "fault_to_last_exit": _fault_to_last(hosts, last),
+            "note": builder(sim.config.platform).SUMMARY_NOTE}
 
 
 def _fault_to_last(hosts: Sequence[Mapping[str, Any]], last: float) -> Optional[float]:
@@ -75,7 +81,7 @@ def _fault_to_last(hosts: Sequence[Mapping[str, Any]], last: float) -> Optional[
 
 def format_summary(report: Mapping[str, Any]) -> str:
     """The table a person reads at the end."""
-    rows = [("host", "exit", "time", "outcome", "failure (output/failure, first line)", "model")]
+    rows = [("host", "exit", "time", "outcome", "failure (the platform's report, first line)", "model")]
     for h in report["hosts"]:
         model = (f"{len(h['model_files'])} file(s) in {h['model_dir']}" if h["model_files"]
                  else "nothing")
@@ -86,6 +92,5 @@ def format_summary(report: Mapping[str, Any]) -> str:
     if report["first_failure"]:
         lines.append(f"first to end badly: {report['first_failure']}; the last host exited "
                      f"{report['death_to_last_exit']:.1f} s after it")
-    lines.append(f"exit code {report['exit_code']}; everything is in {report['workdir']} "
-                 "(SageMaker would merge every host's model/ into one model.tar.gz)")
+    lines.append(f"exit code {report['exit_code']}; everything is in {report['workdir']} ({report['note']})")
     return "\n".join(lines)

@@ -4,7 +4,8 @@
 
     build/bundle/
         launch.py          # the estimator's entry_point: runs launcher.cli.main()
-        launcher/          # this package, .py files only (sub-packages included, no caches)
+        launcher/          # this package, .py files only (sub-packages included, no caches; not
+                           # simulate/, which runs on a workstation, never inside a job)
         train_resnet.py    # the training script
         ddp_utils.py       # the helper module, when it stands beside the script
 
@@ -26,6 +27,7 @@ from typing import Optional
 
 ENTRY_POINT = "launch.py"
 PACKAGE = "launcher"
+NOT_SHIPPED = frozenset({"simulate"})  # sub-packages that never run inside a job
 HELPER_MODULE = "ddp_utils.py"
 # Files AWS's toolkit acts on when they are in the code directory: requirements.txt is
 # pip-installed; a setup.py makes the code directory a package that is pip-installed.
@@ -47,20 +49,21 @@ class BundleError(ValueError):
 
 
 def package_dir() -> str:
-    """The directory of the ``launcher`` package being run."""
-    return os.path.dirname(os.path.abspath(__file__))
+    """The directory of the ``launcher`` package being run (this file is launcher/platforms/sagemaker/)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def package_files(root: Optional[str] = None) -> list[str]:
     """The package's ``.py`` files relative to ``root`` (default: :func:`package_dir`), sorted.
 
-    Only directories that are packages (hold ``__init__.py``) are entered; caches and hidden
-    directories are skipped.
+    Only directories that are packages (hold ``__init__.py``) are entered; caches, hidden
+    directories and :data:`NOT_SHIPPED` sub-packages are skipped.
     """
     root = root or package_dir()
     found: list[str] = []
     for current, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__"))
+                         and not (current == root and d in NOT_SHIPPED)
                          and os.path.isfile(os.path.join(current, d, "__init__.py")))
         found.extend(os.path.relpath(os.path.join(current, name), root)
                      for name in files if name.endswith(".py"))

@@ -27,7 +27,7 @@ def decode(raw: Mapping[str, str]) -> dict[str, Any]:
     for key, value in raw.items():
         try:
             decoded[key] = json.loads(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):  # not JSON, or nested too deeply to decode
             decoded[key] = value
     return decoded
 

@@ -1,22 +1,24 @@
-"""The work directory: one SageMaker ``/opt/ml`` tree per host, the source tarball, each host's command."""
+"""SageMaker: one ``/opt/ml`` tree per host ``algo-i``, the source tarball, and each host's command.
+
+The files and variables are AWS's: ``resourceconfig.json`` and the rest in the formats of
+:mod:`launcher.simulate.hosts.sagemaker_files`, the ``SM_*`` variables AWS's toolkit computes
+(:mod:`launcher.simulate.hosts.sagemaker_env`); the tests hold them against AWS's own packages.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sys
 import tarfile
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
-from launcher import bundle, hyperparameters
-from launcher.errors import ConfigError
+from launcher.platforms.sagemaker import bundle, hyperparameters
 from launcher.simulate.config import Config
-from launcher.simulate.environment import caller_environment, estimator_environment, host_environment
-from launcher.simulate.sagemaker_files import (
+from launcher.simulate.hosts.base import HostSpec, caller_environment, make_workdir, write_json
+from launcher.simulate.hosts.sagemaker_env import estimator_environment, host_environment
+from launcher.simulate.hosts.sagemaker_files import (
     checkpoint_config,
     encode_hyperparameters,
     input_data_config,
@@ -24,23 +26,13 @@ from launcher.simulate.sagemaker_files import (
     sdk_entries,
 )
 
-
-@dataclass(frozen=True)
-class HostSpec:
-    """One simulated host: its name, its /opt/ml, and exactly how it is started."""
-
-    name: str
-    base_dir: str
-    argv: tuple[str, ...]
-    cwd: str
-    env: Mapping[str, str]
+NAME = "sagemaker"
+SUMMARY_NOTE = "SageMaker would merge every host's model/ into one model.tar.gz"
 
 
-def write_json(path: str, data: Any) -> None:
-    """``data`` as indented JSON with a final newline (the config files and ``summary.json``)."""
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
+def host_names(job_name: str, count: int) -> tuple[str, ...]:
+    """``algo-1`` .. ``algo-N``, as SageMaker names its instances."""
+    return tuple(f"algo-{i}" for i in range(1, count + 1))
 
 
 def pack_source(config: Config) -> str:
@@ -88,41 +80,18 @@ def host_argv(config: Config, raw_hps: Mapping[str, str]) -> tuple[str, ...]:
 
 def make_tree(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
     """Write the work directory; on any error remove what was made and raise :class:`ConfigError`."""
-    created = _first_missing(config.workdir)
-    try:
-        os.makedirs(config.workdir, exist_ok=True)
+    def write() -> list[HostSpec]:
         submit = pack_source(config)
         common = {**caller_environment(environ), **estimator_environment(config, port)}
         specs = []
         for host in config.hosts:
             base, files = _host_tree(config, host, submit)
-            specs.append(HostSpec(host, base, host_argv(config, files["hps"]),
-                                  os.path.join(base, "code"),
-                                  host_environment(config, base, files, submit, common)))
+            specs.append(HostSpec(host, base, host_argv(config, files["hps"]), os.path.join(base, "code"),
+                                  host_environment(config, base, files, submit, common),
+                                  model_dir=os.path.join(base, "model"),
+                                  failure_file=os.path.join(base, "output", "failure")))
         return specs
-    except (OSError, tarfile.TarError) as exc:
-        _undo(config.workdir, created)
-        raise ConfigError(f"cannot write the work directory {config.workdir!r}: {exc}") from None
+    return make_workdir(config.workdir, write, (OSError, tarfile.TarError))
 
 
-def _first_missing(path: str) -> Optional[str]:
-    """The outermost directory of ``path`` that does not exist yet (what to remove on failure)."""
-    missing = None
-    while not os.path.exists(path):
-        missing, parent = path, os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return missing
-
-
-def _undo(workdir: str, created: Optional[str]) -> None:
-    if created is not None:
-        shutil.rmtree(created, ignore_errors=True)
-    elif os.path.isdir(workdir):
-        for name in os.listdir(workdir):
-            path = os.path.join(workdir, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                os.unlink(path)
+make_hosts = make_tree

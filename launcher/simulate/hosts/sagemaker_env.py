@@ -7,20 +7,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from collections.abc import Mapping
 from typing import Any
 
-from launcher import bundle, hyperparameters
+from launcher.platforms.sagemaker import bundle, hyperparameters
 from launcher.simulate.config import Config
-from launcher.simulate.sagemaker_files import GROUP, LOG_LEVEL, REGION
+from launcher.simulate.hosts.base import ADDRESS
+from launcher.simulate.hosts.sagemaker_files import GROUP, LOG_LEVEL, REGION
 
-ADDRESS = "127.0.0.1"
-# What the caller's environment must not pass to a host: another platform's or run's variables.
-FOREIGN_PREFIXES = ("SM_", "SAGEMAKER_", "TORCHELASTIC_", "PET_")
-FOREIGN_NAMES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-                           "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "TRAINING_JOB_NAME",
-                           "CURRENT_HOST", "LAUNCHER_TRAIN_SCRIPT", "LAUNCHER_DRY_RUN"})
 # sagemaker_training.params.SAGEMAKER_HYPERPARAMETERS and the flags that make a group distributed.
 TOOLKIT_KEYS = frozenset({"sagemaker_program", "sagemaker_submit_directory", "sagemaker_region",
                           "sagemaker_enable_cloudwatch_metrics", "sagemaker_container_log_level",
@@ -126,12 +120,6 @@ def toolkit_env(base: str, resource: Mapping[str, Any], data_config: Mapping[str
     return {f"SM_{key.upper()}": _env_value(value) for key, value in fields.items()}
 
 
-def caller_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The caller's environment without another job's or platform's variables."""
-    return {k: v for k, v in environ.items()
-            if not k.startswith(FOREIGN_PREFIXES) and k not in FOREIGN_NAMES}
-
-
 def estimator_environment(config: Config, port: int) -> dict[str, str]:
     """What a user would pass as the estimator's ``environment=`` for a local run of N hosts."""
     env = {"LAUNCHER_RESOLVE": ",".join(f"{h}={ADDRESS}" for h in config.hosts),
@@ -158,10 +146,3 @@ def host_environment(config: Config, base: str, files: Mapping[str, Any], submit
     code = os.path.join(base, "code")
     env["PYTHONPATH"] = code + (os.pathsep + common["PYTHONPATH"] if common.get("PYTHONPATH") else "")
     return env
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind((ADDRESS, 0))
-        return sock.getsockname()[1]

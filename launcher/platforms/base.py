@@ -1,0 +1,227 @@
+"""The interface every cluster module implements, and the small readers they share.
+
+A platform module defines one subclass of :class:`Platform` and one instance of it, ``PLATFORM``.
+Only :meth:`Platform.detect` and :meth:`Platform.resolve` are required; the rest are the few things
+that differ between clusters, with defaults for a cluster that offers nothing special.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from launcher.cluster import Cluster
+from launcher.errors import ConfigError, shown
+from launcher.options import MAX_NPROC, Options
+from launcher.platforms.devices import count_gpus
+
+_ADDRESS = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+MAX_CONFIG_BYTES = 16 << 20  # a configuration file larger than this is not one (10,000 hosts take 200 kB)
+MAX_COUNT = 1_000_000  # no count a platform publishes (hosts, ranks, devices) is larger: a typo or garbage
+
+
+class Platform:
+    """One kind of cluster: how to recognise it and how to read this node's place in it."""
+
+    name: str = ""
+    #: One line for ``--help``: what the platform reads.
+    reads: str = ""
+    #: The default ``--grace-period``: the platform kills the job this long after its stop signal,
+    #: so the launcher's own deadline sits a few seconds inside that window.
+    grace_period: float = 25.0
+    #: How much of the failure report the platform shows (characters); 0: the report goes to stderr only.
+    report_limit: int = 0
+    #: True where the platform itself starts one process per GPU (then ``--nproc-per-node`` is 1).
+    starts_process_per_gpu: bool = False
+
+    def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:
+        """The variables or files that show this platform (empty: not this platform). Pure."""
+        raise NotImplementedError
+
+    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+        """This node's view of the cluster. Raises :class:`ConfigError` on bad input."""
+        raise NotImplementedError
+
+    def report_path(self, environ: Mapping[str, str]) -> Optional[str]:
+        """Where the platform looks for a failure report (None: stderr only)."""
+        return None
+
+    def fabric_env(self, cluster: Cluster, dev_dir: str = "/dev") -> dict[str, str]:
+        """Network or fabric variables this platform's hosts need (a variable the user set wins)."""
+        return {}
+
+    def names_to_wait_for(self, cluster: Cluster) -> tuple[str, ...]:
+        """Host names torchrun will need (several nodes: the master, this node's own address), which
+        may resolve only after the job started: the launcher waits for them (bounded, see
+        :func:`launcher.preflight.wait_for_names`) before it starts torchrun. One node needs none."""
+        if cluster.nnodes < 2:
+            return ()
+        names = (cluster.master_addr, cluster.local_addr)
+        return tuple(dict.fromkeys(n for n in names if n and not is_address(n)))
+
+    def prepare_argv(self, argv: Sequence[str], environ: Mapping[str, str], notes: list[str]) -> list[str]:
+        """The launcher's argv as the platform meant it (a platform may repair what it damaged)."""
+        return list(argv)
+
+
+def is_address(text: str) -> bool:
+    """True for an IPv4 or IPv6 address (nothing to resolve), False for a host name."""
+    return bool(_ADDRESS.match(text)) or ":" in text
+
+
+def read_json(path: str) -> Any:
+    """Load a JSON file; unreadable, too large, empty, not UTF-8 or malformed is a :class:`ConfigError` naming it."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigError(f"cannot read {shown(path)}: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{shown(path)} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a configuration file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{shown(path)} is not UTF-8 text: byte {data[exc.start]:#04x} at offset {exc.start}") \
+            from None
+    if not text.strip():
+        raise ConfigError(f"{shown(path)} is empty (expected JSON)")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"malformed JSON in {shown(path)}: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and an integer of more digits than Python converts
+        raise ConfigError(f"malformed JSON in {shown(path)}: {exc}") from None
+
+
+def parse_json(text: str, name: str, expects: str) -> Any:
+    """A variable's JSON value; malformed is a :class:`ConfigError` naming the variable."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{name} is not {expects}: nested too deeply") from None
+    except ValueError:
+        raise ConfigError(f"{name} is not {expects}: {shown(text)}") from None
+
+
+def whole_number(environ: Mapping[str, str], name: str, minimum: int = 0,
+                 maximum: int = MAX_COUNT) -> Optional[int]:
+    """A variable holding a whole number (None when unset or empty); anything else is a ConfigError."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name} is not a whole number: {shown(environ[name])}") from None
+    if not minimum <= value <= maximum:
+        bound = f">= {minimum}" if value < minimum and maximum == MAX_COUNT else f"{minimum}-{maximum}"
+        raise ConfigError(f"{name} must be {bound}: {shown(environ[name])}")
+    return value
+
+
+def node_rank_in(nnodes: int, rank: Optional[int], rank_name: str, count_name: str) -> int:
+    """Check a node rank against the node count; both must be known."""
+    if rank is None:
+        raise ConfigError(f"{rank_name} is not set (needed with {count_name}={nnodes})")
+    if not 0 <= rank < nnodes:
+        raise ConfigError(f"{rank_name}={rank} is not a node of {count_name}={nnodes} (0-{nnodes - 1})")
+    return rank
+
+
+def nproc_per_node(options: Options, evidence: list[str], dev_dir: str = "/dev",
+                   platform_counts: Sequence[tuple[str, Optional[int]]] = ()) -> int:
+    """Processes per node: the option, else the platform's first non-zero count, else GPUs, else 1.
+
+    ``platform_counts`` are ``(variable, value)`` pairs the platform publishes (e.g. SageMaker's
+    ``SM_NUM_GPUS``); a zero counts as absent (SageMaker writes 0 on CPU instances).
+    """
+    if options.nproc_per_node is not None:
+        evidence.append(f"--nproc-per-node {options.nproc_per_node}")
+        return options.nproc_per_node
+    for name, value in platform_counts:
+        if value is not None and value > MAX_NPROC:
+            raise ConfigError(f"{name}={value} is more processes per node than {MAX_NPROC}: not a device count")
+        if value:
+            evidence.append(f"{name}={value}")
+            return value
+        if value == 0:
+            evidence.append(f"{name}=0")
+    gpus = count_gpus(dev_dir)
+    if gpus:
+        evidence.append(f"{gpus} GPU device(s) in {dev_dir}")
+        return gpus
+    evidence.append("no GPU device: 1 process (CPU, gloo)")
+    return 1
+
+
+def torchrun_nproc(word: str, name: str, options: Options, evidence: list[str], dev_dir: str = "/dev") -> int:
+    """Processes per node from a value in torchrun's ``--nproc-per-node`` language (the option wins).
+
+    A whole number, or torchrun's words (``torch/distributed/run.py`` ``determine_local_world_size``):
+    ``gpu`` = the GPUs (none is an error), ``cpu`` = the usable CPUs, ``auto`` = the GPUs, else the CPUs.
+    """
+    if options.nproc_per_node is not None:
+        evidence.append(f"--nproc-per-node {options.nproc_per_node} (instead of {name}={word})")
+        return options.nproc_per_node
+    text = word.strip().lower()
+    if text.isdigit():
+        value = int(text)
+        if not 1 <= value <= MAX_NPROC:
+            raise ConfigError(f"{name} must be 1-{MAX_NPROC}, auto, gpu or cpu: {shown(word)}")
+        evidence.append(f"{name}={value}")
+        return value
+    if text not in ("auto", "gpu", "cpu"):
+        raise ConfigError(f"{name} is not a whole number, auto, gpu or cpu: {shown(word)}")
+    gpus = count_gpus(dev_dir) if text != "cpu" else 0
+    if gpus:
+        evidence.append(f"{name}={text}: {gpus} GPU device(s) in {dev_dir}")
+        return gpus
+    if text == "gpu":
+        raise ConfigError(f"{name}=gpu but this host has no GPU device in {dev_dir}")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    evidence.append(f"{name}={text}: {cpus} usable CPU(s) (torchrun's meaning of {text!r} without a GPU)")
+    return cpus
+
+
+def node_count(environ: Mapping[str, str], name: str) -> Optional[int]:
+    """A node count: a whole number >= 1, or an elastic range ``MIN:MAX`` whose ends are equal."""
+    text = environ.get(name, "").strip()
+    if ":" not in text:
+        return whole_number(environ, name, minimum=1)
+    low, _, high = text.partition(":")
+    if not (low.strip().isdigit() and high.strip().isdigit()):
+        raise ConfigError(f"{name} is not a node count or MIN:MAX: {shown(environ[name])}")
+    if int(low) != int(high) or int(low) < 1:
+        raise ConfigError(f"{name}={text} is an elastic range: the launcher's static rendezvous needs a fixed "
+                          "node count (set min and max replicas equal)")
+    return int(low)
+
+
+def first_set(environ: Mapping[str, str], names: Sequence[str]) -> Optional[str]:
+    """The first of ``names`` that is set and not empty; another one set to a different value is an error."""
+    chosen = None
+    for name in names:
+        value = environ.get(name, "").strip()
+        if not value:
+            continue
+        if chosen is None:
+            chosen = name
+        elif value != environ[chosen].strip():
+            raise ConfigError(f"{chosen}={shown(environ[chosen])} and {name}={shown(environ[name])} disagree")
+    return chosen
+
+
+def host_and_port(address: str, source: str) -> tuple[str, int]:
+    """``host:port`` -> its parts; anything else is a :class:`ConfigError` naming ``source``."""
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{source}: not HOST:PORT: {shown(address)}")
+    return host, int(port)
+
+
+def this_host() -> str:
+    """This machine's host name, as the kernel has it (no DNS look-up)."""
+    return os.uname().nodename

@@ -1,0 +1,77 @@
+"""Kubeflow PyTorchJob (training-operator v1): one pod per host, ``<job>-master-0`` then
+``<job>-worker-0`` .. ``<job>-worker-<N-2>``.
+
+What the operator puts in each pod's environment, from kubeflow/training-operator v1.9
+(``pkg/controller.v1/pytorch/envvar.go`` ``setPodEnv`` and ``master.go``, the last release before the
+v1 code was removed in commit 7858371b4):
+
+- ``PYTHONUNBUFFERED=1``;
+- ``MASTER_PORT`` and ``PET_MASTER_PORT``: the master's ``pytorchjob-port`` (23456 by default;
+  here a free port, as a job spec naming its port);
+- ``MASTER_ADDR`` and ``PET_MASTER_ADDR``: ``<job>-master-0``;
+- ``WORLD_SIZE`` = pods x ``nprocPerNode`` (x 1 when it is ``auto``), ``RANK`` and ``PET_NODE_RANK``
+  = the pod index (master 0, worker i -> i+1);
+- ``PET_NPROC_PER_NODE`` = ``spec.nprocPerNode``, which the defaulting webhook sets to ``auto``;
+- ``PET_NNODES`` = pods (no ``elasticPolicy``).
+
+``--kubeflow-legacy``: training-operator before 1.7, one process per pod (same ``envvar.go`` at v1.6):
+``PYTHONUNBUFFERED=0``, ``MASTER_PORT``, ``MASTER_ADDR``, ``WORLD_SIZE`` = pods, ``RANK`` = pod index.
+
+Kubernetes itself gives every container ``HOSTNAME`` (the pod name) and the API server's service
+link variables ``KUBERNETES_SERVICE_*``/``KUBERNETES_PORT*`` (127.0.0.1 here; nothing contacts it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Optional
+
+from launcher.simulate.config import Config
+from launcher.simulate.hosts.base import ADDRESS, HostSpec, plain_hosts
+
+NAME = "kubeflow"
+SUMMARY_NOTE = "on Kubernetes each pod's files go with the pod unless the job mounts a volume"
+
+
+def host_names(job_name: str, count: int) -> tuple[str, ...]:
+    """The pods' names: ``<job>-master-0``, then ``<job>-worker-<i>``."""
+    return (f"{job_name}-master-0",) + tuple(f"{job_name}-worker-{i}" for i in range(count - 1))
+
+
+def kubernetes_variables(pod: str) -> dict[str, str]:
+    """What the kubelet gives every container: its pod name and the ``kubernetes`` service's link
+    variables (the API server; 127.0.0.1 here, and nothing contacts it)."""
+    tcp = f"tcp://{ADDRESS}:443"
+    return {"HOSTNAME": pod, "KUBERNETES_SERVICE_HOST": ADDRESS, "KUBERNETES_SERVICE_PORT": "443",
+            "KUBERNETES_SERVICE_PORT_HTTPS": "443", "KUBERNETES_PORT": tcp, "KUBERNETES_PORT_443_TCP": tcp,
+            "KUBERNETES_PORT_443_TCP_PROTO": "tcp", "KUBERNETES_PORT_443_TCP_PORT": "443",
+            "KUBERNETES_PORT_443_TCP_ADDR": ADDRESS}
+
+
+def pod_variables(job_name: str, count: int, index: int, port: int, nproc: Optional[int],
+                  legacy: bool = False) -> dict[str, str]:
+    """The variables of pod ``index`` of ``count`` (see the module's docstring for their source)."""
+    pods = host_names(job_name, count)
+    master = pods[0]
+    env = kubernetes_variables(pods[index])
+    if legacy:
+        env.update({"PYTHONUNBUFFERED": "0", "MASTER_PORT": str(port), "MASTER_ADDR": master,
+                    "WORLD_SIZE": str(count), "RANK": str(index)})
+        return env
+    env.update({"PYTHONUNBUFFERED": "1", "MASTER_PORT": str(port), "PET_MASTER_PORT": str(port),
+                "MASTER_ADDR": master, "PET_MASTER_ADDR": master,
+                "WORLD_SIZE": str(count * (nproc or 1)), "RANK": str(index), "PET_NODE_RANK": str(index),
+                "PET_NPROC_PER_NODE": str(nproc) if nproc else "auto", "PET_NNODES": str(count)})
+    return env
+
+
+def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
+    """Write each pod's directory; the pods run ``python -m launcher script.py args...``."""
+    count = len(config.hosts)
+
+    def variables(index: int, _base: str) -> dict[str, str]:
+        env = pod_variables(config.job_name, count, index, port, config.nproc_per_node, config.kubeflow_legacy)
+        if config.kubeflow_legacy and config.nproc_per_node:  # the old operator has no such field
+            env["LAUNCHER_NPROC_PER_NODE"] = str(config.nproc_per_node)
+        return env
+    return plain_hosts(config, environ, variables, resolve=config.hosts)

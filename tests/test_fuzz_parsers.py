@@ -1,0 +1,278 @@
+"""Property-based fuzzing of every input parser (issue 12): any input gives a result or a ConfigError.
+
+Never another exception, and a ConfigError is one line that quotes a bounded part of the input. Parsers:
+resourceconfig.json (bytes), the SM_* variables, hyperparameters.json, the launcher's argv in both
+forms with its LAUNCHER_* variables, and every platform module in ``launcher.platforms.ORDER`` with
+random environments built from the variable names its own source mentions (so a new module is
+covered the day it lands). Last, whatever hyperparameters a user passes reach the script exactly as
+AWS's own ``sagemaker_training.mapping.to_cmd_args`` renders them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import re
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sagemaker_training import mapping
+
+from launcher import platforms
+from launcher.cluster import Cluster
+from launcher.errors import ConfigError
+from launcher.options import MAX_NPROC, MAX_RESTARTS, MAX_SECONDS, SPECS, parse_invocation
+from launcher.platforms import sagemaker
+from launcher.platforms.sagemaker import hyperparameters
+
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PER_PLATFORM = settings(FUZZ, max_examples=100)  # the number of platform modules grows: keep the file < 30 s
+MAX_MESSAGE = 1000
+OPTIONS = parse_invocation(["t.py"], {}).options
+
+# Values as they come in variables and argv: any text (no NUL: neither can hold one), bytes that were
+# not UTF-8 (Python shows them as lone surrogates), numbers of every kind, JSON lists, very deep JSON.
+_text = st.text(st.characters(exclude_characters="\0"), max_size=20)
+_undecodable = st.text(st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF), min_size=1, max_size=3)
+_numbers = st.one_of(st.integers(-5, 10**13).map(str), st.sampled_from(
+    ["0", "1", "2", "-1", " 3 ", "1e3", "inf", "nan", "1.5", "0x10", "٣", "9" * 5000, "1_000", ""]))
+_hosts = st.sampled_from(["algo-1", "algo-2", "algo-10", "localhost", "127.0.0.1", "", " "])
+_json_lists = st.lists(st.one_of(_hosts, _text, st.integers(), st.none()), max_size=5).map(json.dumps)
+VALUES = st.one_of(_text, _undecodable, _numbers, _hosts, _json_lists,
+                   st.builds(lambda h, p: f"{h}:{p}", _hosts, _numbers),
+                   st.integers(1, 3000).map(lambda n: "[" * n), st.just("[" * 1500 + "]" * 1500))
+
+
+def check_message(err: ConfigError, bounded: bool = True) -> None:
+    """A ConfigError is one line that quotes a bounded part of the bad value.
+
+    ``bounded=False`` for the platform-wide fuzz: platform modules may quote a path built from a
+    variable (e.g. ``SAGEMAKER_BASE_DIR``) whole; there only the exception's class is the property.
+    """
+    message = str(err)
+    assert message
+    if bounded:
+        assert "\n" not in message and len(message) < MAX_MESSAGE, message[:2000]
+
+
+def check_cluster(cluster: Cluster) -> None:
+    """What every platform promises about a cluster it returns."""
+    assert isinstance(cluster, Cluster)
+    assert cluster.nnodes >= 1 and 0 <= cluster.node_rank < cluster.nnodes
+    assert 1 <= cluster.nproc_per_node <= MAX_NPROC
+    if cluster.hosts:
+        assert list(cluster.hosts) == sorted(cluster.hosts) and len(cluster.hosts) == cluster.nnodes
+        assert cluster.hosts[cluster.node_rank] == cluster.current_host
+
+
+def resolve_or_refuse(platform, environ, dev_dir, options=OPTIONS, bounded=True):
+    """The platform's cluster, or a well-formed ConfigError; any other exception fails the test."""
+    try:
+        cluster = platform.resolve(environ, options, str(dev_dir))
+    except ConfigError as err:
+        check_message(err, bounded)
+        return None
+    check_cluster(cluster)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """An empty /dev stand-in and a SageMaker base directory whose config files the tests rewrite."""
+    root = tmp_path_factory.mktemp("fuzz")
+    (root / "dev").mkdir()
+    (root / "base" / "input" / "config").mkdir(parents=True)
+    return root
+
+
+# --- resourceconfig.json, the SM_* variables, hyperparameters.json -----------------------------
+
+_resource_objects = st.fixed_dictionaries({}, optional={
+    "hosts": st.one_of(st.lists(st.one_of(_hosts, _text, st.integers(), st.none()), max_size=6), _text, st.none()),
+    "current_host": st.one_of(_hosts, _text, st.integers(), st.none()),
+    "network_interface_name": st.one_of(_text, st.integers(), st.none()),
+    "current_instance_type": st.one_of(_text, st.lists(_text)),
+})
+RESOURCE_BYTES = st.one_of(
+    st.binary(max_size=64),
+    _resource_objects.map(lambda d: json.dumps(d).encode()),
+    _resource_objects.map(lambda d: json.dumps(d, ensure_ascii=False).encode("utf-8", "surrogatepass")),
+    st.tuples(_resource_objects, st.integers(0, 40)).map(lambda t: json.dumps(t[0]).encode()[:t[1]]),
+    st.lists(_resource_objects, max_size=2).map(lambda d: json.dumps(d).encode()),
+)
+
+
+@FUZZ
+@given(content=RESOURCE_BYTES)
+def test_resourceconfig_bytes(dirs, content):
+    (dirs / "base" / "input" / "config" / "resourceconfig.json").write_bytes(content)
+    environ = {"SAGEMAKER_BASE_DIR": str(dirs / "base")}
+    cluster = resolve_or_refuse(sagemaker.PLATFORM, environ, dirs / "dev")
+    if cluster is not None:
+        assert cluster.master_addr == cluster.hosts[0]
+
+
+SM_NAMES = ("SM_HOSTS", "SM_CURRENT_HOST", "SM_HOST_COUNT", "SM_CURRENT_HOST_RANK", "SM_MASTER_ADDR",
+            "SM_NUM_GPUS", "SM_NUM_NEURONS", "SM_NETWORK_INTERFACE_NAME", "SM_CURRENT_INSTANCE_TYPE",
+            "TRAINING_JOB_NAME")
+
+
+@FUZZ
+@given(environ=st.dictionaries(st.sampled_from(SM_NAMES), VALUES, max_size=len(SM_NAMES)),
+       nproc=st.sampled_from([None, 1, 3]))
+def test_sm_variables(dirs, environ, nproc):
+    environ = {**environ, "SAGEMAKER_BASE_DIR": str(dirs / "no-such-base")}
+    resolve_or_refuse(sagemaker.PLATFORM, environ, dirs / "dev", OPTIONS._replace(nproc_per_node=nproc))
+
+
+_hp_values = st.one_of(_text, _numbers, _json_lists, st.just('"a b"'), st.just('{"a": 1}'), st.just("null"))
+HP_BYTES = st.one_of(
+    st.binary(max_size=64),
+    st.dictionaries(_text, _hp_values, max_size=5).map(lambda d: json.dumps(d).encode()),
+    st.dictionaries(_text, st.one_of(st.integers(), st.none(), st.lists(st.integers())), max_size=3).map(
+        lambda d: json.dumps(d).encode()),
+    st.lists(_text, max_size=3).map(lambda d: json.dumps(d).encode()),
+)
+
+
+@FUZZ
+@given(content=HP_BYTES, argv=st.lists(st.one_of(_text, st.sampled_from(["--train-script", "t.py", "a", "b"])),
+                                       max_size=8))
+def test_hyperparameters_json(dirs, content, argv):
+    (dirs / "base" / "input" / "config" / "hyperparameters.json").write_bytes(content)
+    environ = {"SAGEMAKER_BASE_DIR": str(dirs / "base")}
+    notes: list[str] = []
+    try:
+        repaired = sagemaker.PLATFORM.prepare_argv(argv, environ, notes)
+    except ConfigError as err:
+        check_message(err)
+        return
+    assert isinstance(repaired, list) and all(isinstance(word, str) for word in repaired)
+    assert (repaired == argv) == (not notes)
+
+
+@FUZZ
+@given(raw=st.dictionaries(_text, st.one_of(_hp_values, VALUES), max_size=6))
+def test_hyperparameter_decoding_and_rendering_match_aws(raw):
+    decoded = hyperparameters.decode(raw)
+    user = hyperparameters.user_hyperparameters(decoded)
+    assert hyperparameters.render_args(user) == mapping.to_cmd_args(user)
+
+
+# --- the launcher's argv, both forms, and its LAUNCHER_* variables -----------------------------
+
+_flags = sorted({flag for spec in SPECS for flag in spec.flags})
+_prefixed = [p + spec.name.replace("_", sep) for spec in SPECS for p, sep in (("--launcher-", "-"),
+                                                                              ("--launcher_", "_"))]
+WORDS = st.one_of(st.sampled_from(_flags + _prefixed + ["--", "-", "--launcher-bogus", "t.py", "True", "false"]),
+                  st.sampled_from(_flags).map(lambda f: f + "="), st.builds("{}={}".format, st.sampled_from(_flags),
+                                                                                VALUES), VALUES)
+
+
+@FUZZ
+@given(argv=st.lists(WORDS, max_size=10),
+       environ=st.dictionaries(st.sampled_from([spec.env for spec in SPECS]), VALUES, max_size=3))
+def test_options_both_forms(argv, environ):
+    try:
+        inv = parse_invocation(argv, environ)
+    except ConfigError as err:
+        check_message(err)
+        return
+    o = inv.options
+    assert inv.script and not inv.script.startswith("-")
+    assert o.nproc_per_node is None or 1 <= o.nproc_per_node <= MAX_NPROC
+    assert o.grace_period is None or (math.isfinite(o.grace_period) and 0 < o.grace_period <= MAX_SECONDS)
+    assert 1 <= o.rdzv_timeout <= MAX_SECONDS and 0 <= o.max_restarts <= MAX_RESTARTS
+    assert o.master_port is None or 1 <= o.master_port <= 65535
+    if inv.sagemaker_form:  # the script's words are whole pairs of the argv, in order
+        pairs = [tuple(argv[i:i + 2]) for i in range(0, len(argv), 2)]
+        kept = [tuple(inv.script_args[i:i + 2]) for i in range(0, len(inv.script_args), 2)]
+        assert all(pair in pairs for pair in kept)
+        assert all(not key.startswith(("--launcher-", "--launcher_", "--train-script", "--train_script"))
+                   for key, *_ in kept)
+
+
+# --- every platform module, with its own variable names ----------------------------------------
+
+_NAME = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]\b|\b(?:RANK|HOSTNAME|HOME)\b")
+
+
+def platform_names(platform) -> list[str]:
+    """The environment variable names a platform's module mentions anywhere (code, docstrings)."""
+    source = inspect.getsource(sys.modules[type(platform).__module__])
+    return sorted(set(_NAME.findall(source)))
+
+
+def _environments(names: list[str]):
+    prefixes = sorted({name.split("_")[0] + "_" for name in names})
+    generic = st.builds(str.__add__, st.sampled_from(prefixes), st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZ_0123456789",
+                                                                       min_size=1, max_size=12))
+    return st.dictionaries(st.one_of(st.sampled_from(names), generic), VALUES, max_size=12)
+
+
+PLATFORMS = [platform for platform, _ in platforms.ORDER]
+ALL_NAMES = sorted({name for platform in PLATFORMS for name in platform_names(platform)})
+
+
+@pytest.mark.parametrize("platform", PLATFORMS, ids=[p.name for p in PLATFORMS])
+def test_each_platform(dirs, platform):
+    names = platform_names(platform) or ["NO_NAMES"]
+
+    @PER_PLATFORM
+    @given(environ=_environments(names), nproc=st.sampled_from([None, 2]))
+    def fuzz(environ, nproc):
+        evidence = platform.detect(environ)
+        assert isinstance(evidence, tuple) and all(isinstance(e, str) for e in evidence)
+        resolve_or_refuse(platform, environ, dirs / "dev", OPTIONS._replace(nproc_per_node=nproc), bounded=False)
+
+    fuzz()
+
+
+@FUZZ
+@given(environ=_environments(ALL_NAMES))
+def test_detection_over_every_platforms_variables(dirs, environ):
+    try:
+        choice = platforms.choose(environ)
+    except ConfigError as err:
+        check_message(err, bounded=False)
+        return
+    resolve_or_refuse(choice.platform, environ, dirs / "dev", bounded=False)
+
+
+# --- whatever a user passes reaches the script as AWS renders it -------------------------------
+
+def _user_key(key: str) -> bool:
+    return key not in ("train-script", "train_script") and not key.startswith(("launcher-", "launcher_"))
+
+
+_json = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+              st.text(), st.sampled_from(["a b", "'q'", '"q"', "--dry-run", "--launcher-dry-run", "", " ", "é ü 字"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+    max_leaves=8)
+USER_HYPERPARAMETERS = st.dictionaries(
+    st.one_of(st.text(max_size=12), st.sampled_from(["dry-run", "grace_period", "nproc-per-node", "b", "-", "--x"]))
+    .filter(_user_key), _json, max_size=8)
+LAUNCHER_HYPERPARAMETERS = st.fixed_dictionaries({}, optional={
+    "launcher-grace-period": st.sampled_from([30, 2.5]), "launcher_nproc_per_node": st.integers(1, 8),
+    "launcher-dry-run": st.booleans(), "launcher_max_restarts": st.integers(0, 3),
+    "launcher-resolve": st.just({"algo-1": "127.0.0.1"})})
+
+
+@FUZZ
+@given(user=USER_HYPERPARAMETERS, ours=LAUNCHER_HYPERPARAMETERS, spelling=st.sampled_from(["train-script",
+                                                                                          "train_script"]))
+def test_generated_hyperparameters_reach_the_script_as_aws_renders_them(user, ours, spelling):
+    argv = mapping.to_cmd_args({**user, **ours, spelling: "x.py"})  # AWS sorts every key together
+    inv = parse_invocation(argv, {})
+    assert inv.sagemaker_form and inv.script == "x.py"
+    assert list(inv.script_args) == mapping.to_cmd_args(user)
+    o = inv.options
+    assert o.grace_period == ours.get("launcher-grace-period")
+    assert o.nproc_per_node == ours.get("launcher_nproc_per_node")
+    assert o.dry_run is ours.get("launcher-dry-run", False)
+    assert o.max_restarts == ours.get("launcher_max_restarts", 0)
+    assert o.resolve == ours.get("launcher-resolve", {})
