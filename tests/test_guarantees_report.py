@@ -62,10 +62,13 @@ def swapped(lines):
 
 
 def launch_in(tmp_path):
-    return Launch((), {}, str(tmp_path), str(tmp_path / "torchrun_error.json"), str(tmp_path / "logs"))
+    fields = {"argv": (), "env_changes": {}, "env_removed": (), "run_dir": str(tmp_path),
+              "error_file": str(tmp_path / "torchrun_error.json"), "log_dir": str(tmp_path / "logs")}
+    return Launch(**{k: v for k, v in fields.items() if k in Launch._fields})
 
 
-CLUSTER = Cluster("sagemaker", 1, 0, 2, "algo-1", "algo-1")
+CLUSTER = Cluster(platform="sagemaker", nnodes=1, node_rank=0, nproc_per_node=2, current_host="algo-1",
+                  master_addr="algo-1")
 
 
 # --- torchrun's failure table: every entry, never torchrun's own SIGTERM ----------------------------
