@@ -1,9 +1,10 @@
 """SLURM: one launcher per node, as ``srun --ntasks-per-node=1 python -m launcher train.py ...`` starts it
 in step 0 of a batch job; nodes ``node1`` .. ``node<N>``.
 
-What each task of that step gets was measured on a real SLURM 22.05 cluster on this machine (one
-``slurmd`` per node, each in its own network namespace; ``env`` in the step of a 2-node job): for
-node ``i`` of ``N`` (0-based), job ``J``:
+What each task of that step gets was measured on a real SLURM 22.05 cluster run on this project's
+machine (a controller and one ``slurmd`` per node, each node in its own network namespace; see
+``tests/slurm_lab.py``) when the launcher's ``launcher/platforms/slurm.py`` was written: for node ``i``
+of ``N`` (0-based), job ``J``:
 
 - ``SLURM_JOB_ID`` = ``SLURM_JOBID`` = J, ``SLURM_STEP_ID`` = ``SLURM_STEPID`` = 0;
 - ``SLURM_NODEID`` = ``SLURM_PROCID`` = ``SLURM_GTIDS`` = i (one task per node), ``SLURM_LOCALID`` = 0;
