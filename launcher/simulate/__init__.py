@@ -8,8 +8,8 @@ Usage::
         [kubeflow: --kubeflow-legacy]
         -- script.py args...
 
-``--platform`` is ``sagemaker`` (the default), ``kubeflow``, ``kubeflow-v2``, ``oci``, ``vertex`` or
-``env``. Each host gets exactly the variables and files that platform gives a real node (each
+``--platform`` is ``sagemaker`` (the default), ``kubeflow``, ``kubeflow-v2``, ``oci``, ``vertex``,
+``env``, ``slurm`` or ``pbs``. Each host gets exactly the variables and files that platform gives a real node (each
 builder in ``launcher/simulate/hosts/`` cites the platform's source); the launcher on each host must
 find its platform by itself (simulate never sets ``LAUNCHER_PLATFORM``). Host names are the
 platform's; ``LAUNCHER_RESOLVE`` maps every name to 127.0.0.1 (nothing on the machine is edited).
@@ -31,6 +31,15 @@ platform's; ``LAUNCHER_RESOLVE`` maps every name to 127.0.0.1 (nothing on the ma
   ``CLUSTER_SPEC`` with ``cluster``, ``environment``, ``task`` (``type``, ``index``) and ``job``.
 - ``env`` (Docker Compose, bare metal): hosts ``node-<i>``; ``MASTER_ADDR`` (``node-0``),
   ``MASTER_PORT``, ``NNODES``, ``NODE_RANK``.
+- ``slurm``: nodes ``node1`` .. ``nodeN`` with the variables of step 0 of ``srun --ntasks-per-node=1``
+  as measured on a real SLURM 22.05 cluster (``SLURM_JOB_ID``, ``SLURM_NODEID``,
+  ``SLURM_STEP_NODELIST=node[1-N]``, ``SLURMD_NODENAME``, ... and ``SLURM_TASK_PID``, the launcher's
+  own PID).
+- ``pbs``: nodes ``node1`` .. ``nodeN``; one ``PBS_NODEFILE`` with a line per process slot (repeats, as
+  PBS writes it), ``PBS_JOBID``, ``PBS_O_WORKDIR``, ``PBS_ENVIRONMENT=PBS_BATCH`` and pbsdsh's
+  ``PBS_NODENUM``/``PBS_VNODENUM``/``PBS_TASKNUM``. PBS names no current host, so each host runs in
+  its own UTS and mount namespace (``unshare``: root, or unprivileged user namespaces) with its
+  node's host name and an ``/etc/hosts`` naming every node; where that is not permitted, exit 2.
 
 Every platform but SageMaker starts each host as ``python -m launcher script.py args...`` (the job's
 command there) in its own directory ``DIR/<host>/``, with this repository's launcher on ``PYTHONPATH``;
