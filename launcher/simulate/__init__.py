@@ -99,15 +99,17 @@ Standard library only; never imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
 from typing import Optional
 
 from launcher.errors import ConfigError
-from launcher.simulate.config import PROG, Fault, build_config, parse_fault, script_hyperparameters
+from launcher.simulate import netns
+from launcher.simulate.config import PROG, Config, Fault, build_config, parse_fault, script_hyperparameters
 from launcher.simulate.hosts import builder
-from launcher.simulate.hosts.base import ADDRESS, free_port, write_json
+from launcher.simulate.hosts.base import HostSpec, free_port, host_address, write_json
 from launcher.simulate.hosts.sagemaker import make_tree
 from launcher.simulate.hosts.sagemaker_env import toolkit_env
 from launcher.simulate.hosts.sagemaker_files import encode_hyperparameters
@@ -119,24 +121,65 @@ __all__ = ["Fault", "build_config", "encode_hyperparameters", "main", "make_tree
            "script_hyperparameters", "toolkit_env"]
 
 
+def choose_network(config: Config) -> Config:
+    """``--network`` decided: netns where permitted unless asked otherwise; raises :class:`ConfigError`
+    when namespaces are needed (asked for, or a partition fault) and not permitted."""
+    if config.network == "loopback":
+        return config
+    why = netns.unavailable()
+    if why is None:
+        return dataclasses.replace(config, network="netns")
+    if config.network == "netns":
+        raise ConfigError(f"--network netns: {why}")
+    partition = next((f for f in config.faults if f.kind == "partition"), None)
+    if partition is not None:
+        raise ConfigError(f"--fault {partition.host}:partition needs network namespaces: {why}")
+    return dataclasses.replace(config, network="loopback", network_note=why)
+
+
+def make_lab(config: Config, specs: Sequence[HostSpec]) -> Optional[netns.Lab]:
+    """The hosts' namespaces (``--network netns``), every host added, or None."""
+    if config.network != "netns":
+        return None
+    lab = netns.Lab(config.workdir)
+    try:
+        for i, spec in enumerate(specs):
+            lab.add_host(spec.name, host_address(config, i), spec.aliases)
+    except BaseException:
+        lab.close()
+        raise
+    return lab
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``ddp-launcher simulate``. Returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        config = build_config(args, os.getcwd())
+        config = choose_network(build_config(args, os.getcwd()))
         port = free_port()
         specs = builder(config.platform).make_hosts(config, os.environ, port)
     except ConfigError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 2
+    network = "netns: each host its own namespaces on a private bridge" if config.network == "netns" else \
+        f"loopback: every host is 127.0.0.1{f' ({config.network_note})' if config.network_note else ''}"
     log(f"{config.platform} job {config.job_name}: {len(specs)} host(s) in {config.workdir}, master "
-        f"{ADDRESS}:{port}{', through AWS toolkit' if config.toolkit else ''}")
-    sim = Simulation(config, specs)
+        f"{specs[0].name} ({host_address(config, 0)}):{port}{', through AWS toolkit' if config.toolkit else ''}"
+        f"; network {network}")
+    try:
+        lab = make_lab(config, specs)
+    except (OSError, netns.LabError) as exc:
+        sys.stderr.write(f"{PROG}: error: cannot make the hosts' network namespaces: {exc}\n")
+        return 1
+    sim = Simulation(config, specs, lab)
     try:
         sim.run()
     except OSError as exc:
         sys.stderr.write(f"{PROG}: error: cannot start a host: {exc}\n")
         return 1
+    finally:
+        if lab is not None:
+            lab.close()
     for run in sim.runs:
         for armed in run.faults:
             if armed.fired_at is None:
