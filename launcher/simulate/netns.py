@@ -1,6 +1,6 @@
 """A private lab of hosts on one machine: each host its own network namespace, address, hostname and
 ``/etc/hosts``, on a bridge that no other run can see. Standard library only; it runs ``ip``
-(iproute2), ``unshare``, ``nsenter``, ``mount`` and ``hostname``.
+(iproute2), ``unshare``, ``nsenter`` and ``mount``.
 
 A :class:`Lab` starts one holder process inside a new network and mount namespace (and a user namespace
 when not root); the holder mounts a tmpfs on ``/run`` there, so ``ip netns`` names, the bridge, the
@@ -22,7 +22,9 @@ namespaces and exits, which frees the namespaces, the veths and the bridge::
         lab.heal("algo-2")
         lab.poweroff("algo-2")        # link down, then every process of the host SIGKILLed at once
 
-Run as a script (``python netns.py hold``) this file is the holder itself.
+Run as a script, this file is the holder itself (``python netns.py hold``), or the first moment of a
+host's command (``python netns.py enter NAME HOSTS_FILE COMMAND...``: no shell in between, which would
+drop environment variables whose names are not identifiers, like SageMaker's ``SM_HP_STEP-SLEEP``).
 """
 
 from __future__ import annotations
@@ -43,9 +45,7 @@ SUBNET = "10.88.0."
 PREFIX_LENGTH = 24
 MAX_HOSTS = 254
 BRIDGE = "br0"
-TOOLS = ("ip", "unshare", "nsenter", "mount", "hostname")
-# In the host: set the hostname, bind the hosts file over /etc/hosts, then become the command.
-ENTER_HOST = 'hostname "$1" && mount -n --bind "$2" /etc/hosts && shift 2 && exec "$@"'
+TOOLS = ("ip", "unshare", "nsenter", "mount")
 
 
 def host_address(index: int) -> str:
@@ -202,7 +202,8 @@ class Lab:
         host = self.hosts[name]
         user = [f"--user=/proc/{self.pid}/ns/user", "--preserve-credentials"] if self._userns else []
         return ["nsenter", *user, f"--net={self._path(host.netns)}", "--", "unshare", "--uts", "--mount",
-                "--", "sh", "-c", ENTER_HOST, "lab-host", host.name, self.hosts_file, *argv]
+                "--", sys.executable, "-I", "-S", os.path.abspath(__file__), "enter", host.name,
+                self.hosts_file, *argv]
 
     def pids(self, name: str) -> list[int]:
         """The machine's PIDs of every process running in host ``name``."""
@@ -272,5 +273,29 @@ def _hold() -> int:
     return 0
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["hold"]:
-    sys.exit(_hold())
+def _enter(name: str, hosts_file: str, argv: Sequence[str]) -> int:
+    """In a new UTS and mount namespace: take the host's name and hosts file, then become ``argv``."""
+    import socket
+
+    try:
+        socket.sethostname(name)
+    except OSError as exc:
+        sys.stderr.write(f"lab host {name}: cannot set the hostname: {exc}\n")
+        return 1
+    error = _run(["mount", "-n", "--bind", hosts_file, "/etc/hosts"])
+    if error:
+        sys.stderr.write(f"lab host {name}: {error}\n")
+        return 1
+    try:
+        os.execvp(argv[0], list(argv))
+    except OSError as exc:
+        sys.stderr.write(f"lab host {name}: cannot start {argv[0]!r}: {exc}\n")
+    return 127
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["hold"]:
+        sys.exit(_hold())
+    if len(sys.argv) > 4 and sys.argv[1] == "enter":
+        sys.exit(_enter(sys.argv[2], sys.argv[3], sys.argv[4:]))
+    sys.exit(f"usage: {sys.argv[0]} hold | enter NAME HOSTS_FILE COMMAND...")
