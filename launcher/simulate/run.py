@@ -180,14 +180,14 @@ class Simulation:
         """``partition``: the host's link goes down. ``poweroff``: that, then every process of the host
         SIGKILLed at once (without a lab, the host's process tree)."""
         name = run.spec.name
-        if armed.fault.kind == "partition" and self.lab is not None:
+        if self.lab is None:  # a poweroff (a partition needs namespaces: refused at the start)
+            what = f"SIGKILL to its {proctree.kill_tree([run.proc.pid])} process(es) at once"
+        elif armed.fault.kind == "partition":
             self.lab.partition(name)
             what = "its link is down: its packets vanish"
-        elif self.lab is not None:
+        else:
             killed = self.lab.poweroff(name)
             what = f"link down, SIGKILL to {len(killed)} process(es) at once: {', '.join(map(str, killed))}"
-        else:
-            what = f"SIGKILL to its {proctree.kill_tree([run.proc.pid])} process(es) at once"
         log(f"fault: {armed.fault.name} of {name} at {now - self.start:.1f} s ({armed.fault.meaning()}): {what}")
         armed.fired_at = now
         return True
