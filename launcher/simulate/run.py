@@ -230,7 +230,7 @@ class Simulation:
                     ("was stopped" if run.stopped_by else f"failed (exit code {run.exit_code})")
                 if self.config.platform_stop:
                     self.stop_job(signal.SIGTERM, f"{run.spec.name} {what}")
-                elif any(r.ended is None for r in self.runs):
+                elif not self.deadline_hit and any(r.ended is None for r in self.runs):
                     log(f"{run.spec.name} {what}; --platform-stop off: the other hosts keep running")
 
     def _enforce_deadlines(self, now: float) -> None:
