@@ -25,19 +25,19 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from launcher import platforms
+from launcher import platforms, streams
 from launcher.cluster import Cluster
 from launcher.command import Launch, build_launch, master_port
 from launcher.errors import ConfigError, shown
 from launcher.options import Invocation, help_text, parse_invocation
 
 PROG = "ddp-launcher"
+JOB_MARKER = "DDP_LAUNCHER_JOB"  # in torchrun's environment, so in everything the job starts
 
 
 def log(message: str) -> None:
-    """One line of the launcher's own, on stderr."""
-    sys.stderr.write(f"[{PROG}] {message}\n")
-    sys.stderr.flush()
+    """One line of the launcher's own, on stderr. Never fails (stderr may be closed or a dead pipe)."""
+    streams.write(sys.stderr, f"[{PROG}] {message}\n")
 
 
 class Plan(NamedTuple):
@@ -68,7 +68,12 @@ def check_tmpdir(environ: Mapping[str, str]) -> None:
 
 
 def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str] = None) -> Plan:
-    """Read the options, the platform's files and variables; decide the launch. Starts nothing."""
+    """Read the options, the platform's files and variables; decide the launch. Starts nothing.
+
+    The run directory (``$TMPDIR/ddp-launcher-<pid>-<random hex>``) and the job's marker variable
+    (``DDP_LAUNCHER_JOB=<pid>-<random hex>``, the same token) are new for every run: no run can
+    read an earlier one's files or be mistaken for it. :func:`make_run_dir` creates the directory.
+    """
     notes: list[str] = []
     # The detected platform repairs the argv first: a split argv is not AWS's --key value pairs.
     argv = platforms.choose(environ).platform.prepare_argv(argv, environ, notes)
@@ -78,15 +83,26 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     _check_script(invocation.script)
     if run_dir is None:
         check_tmpdir(environ)
-    run_dir = run_dir or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{PROG}-{os.getpid()}")
+    token = f"{os.getpid()}-{os.urandom(8).hex()}"
+    run_dir = run_dir or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{PROG}-{token}")
     launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
                           environ, run_dir, choice.platform.fabric_env(cluster))
+    launch = launch._replace(env_changes={**launch.env_changes, JOB_MARKER: token})
     grace = invocation.options.grace_period or choice.platform.grace_period
     return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes)
 
 
 def _block(label: str, items: Sequence[str]) -> list[str]:
     return [(f"{label + ':':<11}" if i == 0 else " " * 11) + item for i, item in enumerate(items)]
+
+
+def make_run_dir(path: str) -> None:
+    """Create the run directory, private (0700) and new: an existing one is never reused."""
+    try:
+        os.mkdir(path, 0o700)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the run directory {path!r} (TMPDIR): "
+                          f"{exc.strerror or exc}"[:300]) from None
 
 
 def describe(p: Plan, as_json: bool) -> str:
@@ -114,8 +130,12 @@ def describe(p: Plan, as_json: bool) -> str:
 
 
 def run(p: Plan, environ: Mapping[str, str]) -> int:
-    """Start and supervise torchrun; report the outcome. Returns the launcher's exit code."""
-    from launcher import failure  # not needed by --dry-run: imported here to keep start-up short
+    """Start and supervise torchrun; report the outcome. Returns the launcher's exit code.
+
+    The run directory (made by :func:`make_run_dir`) is removed at the end, or by the watchdog
+    after it killed the job if the launcher itself is killed.
+    """
+    from launcher import failure, proctree  # not needed by --dry-run: imported here to keep start-up short
     from launcher.supervise import supervise
 
     c = p.cluster
@@ -129,25 +149,27 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         try:
             wait_for_names(names, p.invocation.options.resolve, float(p.invocation.options.rdzv_timeout), log)
         except ConfigError as exc:
-            sys.stderr.write(f"{PROG}: error: {exc}\n")
+            streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
             return 2
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
+    watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
     try:
-        outcome = supervise(p.launch, environ, p.grace_period, log)
+        watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
+        watchdog.remove_dir(p.launch.run_dir)
+        options = p.invocation.options
+        outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts)
         cause = failure.find_root_cause(outcome, p.launch)
         code = failure.exit_code(outcome, cause)
         if code != 0:
-            options = p.invocation.options
             rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "
                           f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
             report = failure.compose_report(c, outcome, cause, code, rendezvous)
             path = p.choice.platform.report_path(environ)
             if path is not None:
                 failure.write_failure_file(path, report[:p.choice.platform.report_limit])
-            sys.stdout.flush()
-            sys.stderr.write(report + "\n")
-            sys.stderr.flush()
+            streams.write(sys.stdout, "")  # flushes: the report comes after the job's output
+            streams.write(sys.stderr, report + "\n")
         elif outcome.stop_signal is not None:
             log("stopped by a signal; every worker finished cleanly")
         return code
@@ -155,11 +177,20 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         import shutil  # only at the end
 
         shutil.rmtree(p.launch.run_dir, ignore_errors=True)
+        watchdog.release()
+        proctree.reap_children()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line. Returns the exit code."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    streams.ensure_standard_fds()
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        streams.settle_output()
+
+
+def _main(args: list[str]) -> int:
     if args and args[0] == "simulate":
         from launcher.simulate import main as simulate_main
 
@@ -174,8 +205,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     environ = dict(os.environ)
     try:
         p = plan(args, environ)
+        if not p.invocation.options.dry_run:
+            make_run_dir(p.launch.run_dir)
     except ConfigError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
         return 2
     if p.invocation.options.dry_run:
         print(describe(p, p.invocation.options.json))

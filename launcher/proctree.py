@@ -1,9 +1,13 @@
-"""Finding and ending the processes the launcher started, by PID, and nothing else.
+"""Finding and ending the processes the launcher started, by PID or by the job's marker, and nothing else.
 
 torchrun starts every worker in a session of its own, so a process group does not hold the job
 together; the parent links in the process table do. :func:`kill_tree` stops a tree (so nothing in it
-can fork any more), then kills it. :class:`Watchdog` is a forked helper that does that if the
-launcher itself dies, even by SIGKILL.
+can fork any more), then kills it. A daemon that a worker double-forked leaves the tree when its
+parent dies; it still carries the job's marker variable (``NAME=<pid>-<random hex>``, inherited
+through every fork and exec), which :func:`kill_tree` also looks for in ``/proc/PID/environ``, as
+Jenkins' process-tree killer does with ``BUILD_ID``. :class:`Watchdog` is a forked helper in a
+session of its own that does all this if the launcher itself dies, even by SIGKILL of its whole
+process group.
 """
 
 from __future__ import annotations
@@ -17,32 +21,41 @@ import time
 from collections.abc import Iterable
 from typing import Optional
 
+PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
+WATCHDOG_NAME = b"ddp-watchdog"  # its /proc/PID/comm: a watchdog is never killed, it ends with its launcher
 
 
-def parent_map() -> dict[int, int]:
-    """PID -> parent PID for every process this user can see (``/proc``, else ``ps``)."""
-    parents: dict[int, int] = {}
+def _stat(pid: int) -> Optional[list[bytes]]:
+    """``/proc/PID/stat`` from field 3 (state) on; None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # The command name is in parentheses and may contain spaces: split after the last ')'.
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def _process_table() -> dict[int, tuple[int, bytes]]:
+    """PID -> (parent PID, state letter) for every process this user can see (``/proc``, else ``ps``)."""
+    table: dict[int, tuple[int, bytes]] = {}
     if os.path.isdir("/proc/self"):
         for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat", "rb") as fh:
-                    stat = fh.read()
-            except OSError:
-                continue
-            # The command name is in parentheses and may contain spaces: split after the last ')'.
-            fields = stat[stat.rfind(b")") + 2:].split()
-            if fields and fields[0] != b"Z":
-                parents[int(name)] = int(fields[1])
-        return parents
+            fields = _stat(int(name)) if name.isdigit() else None
+            if fields:
+                table[int(name)] = (int(fields[1]), fields[0][:1])
+        return table
     out = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,stat="], capture_output=True, text=True).stdout
     for line in out.splitlines():
         pid, ppid, state = line.split()[:3]
-        if not state.startswith("Z"):
-            parents[int(pid)] = int(ppid)
-    return parents
+        table[int(pid)] = (int(ppid), state[:1].encode())
+    return table
+
+
+def parent_map() -> dict[int, int]:
+    """PID -> parent PID for every living (not zombie) process this user can see."""
+    return {pid: ppid for pid, (ppid, state) in _process_table().items() if state != b"Z"}
 
 
 def descendants(roots: Iterable[int], parents: Optional[dict[int, int]] = None) -> list[int]:
@@ -60,9 +73,50 @@ def descendants(roots: Iterable[int], parents: Optional[dict[int, int]] = None) 
     return found
 
 
-def children_of(pid: int) -> list[int]:
-    """The living direct children of ``pid``."""
-    return [child for child, parent in parent_map().items() if parent == pid]
+def children_of(pid: int, zombies: bool = False) -> list[int]:
+    """The direct children of ``pid``: the living ones, and the exited unreaped ones if asked."""
+    return [child for child, (parent, state) in _process_table().items()
+            if parent == pid and (zombies or state != b"Z")]
+
+
+def state(pid: int) -> Optional[str]:
+    """The process's state letter (``R``, ``S``, ``T`` stopped, ``Z`` zombie...); None if it is gone."""
+    fields = _stat(pid)
+    return fields[0][:1].decode() if fields else None
+
+
+def exit_status(pid: int) -> Optional[int]:
+    """A zombie's wait status (``/proc/PID/stat`` field 52: 0 = exited 0); None while it runs or if gone."""
+    fields = _stat(pid)
+    if not fields or fields[0] != b"Z" or len(fields) < 50:
+        return None
+    return int(fields[49])
+
+
+def _is_watchdog(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as fh:
+            return fh.read().strip() == WATCHDOG_NAME
+    except OSError:
+        return False
+
+
+def marked(marker: str) -> list[int]:
+    """This user's processes whose environment holds exactly ``marker`` (``NAME=VALUE``), watchdogs aside."""
+    entry, uid, found = marker.encode(), os.getuid(), []
+    for name in os.listdir("/proc") if os.path.isdir("/proc/self") else []:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if entry in environ and not _is_watchdog(int(name)):
+            found.append(int(name))
+    return found
 
 
 def _signal_all(pids: Iterable[int], sig: int) -> None:
@@ -71,40 +125,50 @@ def _signal_all(pids: Iterable[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def kill_tree(roots: Iterable[int], include_roots: bool = True, exclude: Iterable[int] = ()) -> int:
+def kill_tree(roots: Iterable[int], include_roots: bool = True, exclude: Iterable[int] = (),
+              marker: Optional[str] = None) -> int:
     """SIGKILL all descendants of ``roots`` (and the roots, unless told not to); returns how many.
 
-    The tree is frozen with SIGSTOP first and looked up again, so a process cannot escape by
-    forking between the look-up and the kill. Rounds repeat until nothing of the tree is alive.
+    With ``marker`` (``NAME=VALUE``), every process of this user whose environment holds it goes too,
+    with its descendants. The set is frozen with SIGSTOP first and looked up again, so a process
+    cannot escape by forking between the look-up and the kill. Rounds repeat until nothing is left.
+    Watchdogs are spared: each ends by itself when its launcher is gone.
     """
     roots, skip = list(roots), set(exclude)
+
+    def victims(parents: dict[int, int]) -> list[int]:
+        tops = [p for p in roots if include_roots and p in parents] + (marked(marker) if marker else [])
+        found = dict.fromkeys(tops + descendants(roots + tops, parents))
+        return [p for p in found if p not in skip and p in parents and not _is_watchdog(p)]
+
     signalled: set[int] = set()
     for _ in range(50):
-        parents = parent_map()
-        tree = [p for p in descendants(roots, parents) if p not in skip]
-        if include_roots:
-            tree += [p for p in roots if p in parents and p not in skip]
+        tree = victims(parent_map())
         if not tree:
             break
         _signal_all(tree, signal.SIGSTOP)
-        tree += [p for p in descendants(roots) if p not in skip and p not in tree]
+        tree += [p for p in victims(parent_map()) if p not in tree]
         _signal_all(tree, signal.SIGKILL)
         signalled.update(tree)
         time.sleep(0.02)
     return len(signalled)
 
 
-def become_subreaper() -> bool:
-    """Make orphaned descendants re-parent to this process (Linux), so none escapes the tree."""
+def _prctl(option: int, arg: object) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     import ctypes  # only here: costs a few milliseconds
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return libc.prctl(option, arg, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux), so none escapes the tree."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def reap_children() -> None:
@@ -118,30 +182,58 @@ def reap_children() -> None:
             return
 
 
+def reap_orphans(keep: Iterable[int]) -> int:
+    """Collect the exited children of this process except ``keep``; returns how many.
+
+    A subreaper inherits every orphan of its tree; their zombies would pile up while the job runs.
+    Each is waited for by PID: ``waitpid(-1)`` could take the status of a child that a
+    :class:`subprocess.Popen` waits for.
+    """
+    reaped, spared = 0, set(keep)
+    for pid in children_of(os.getpid(), zombies=True):
+        if pid not in spared and state(pid) == "Z":
+            with contextlib.suppress(ChildProcessError):
+                reaped += os.waitpid(pid, os.WNOHANG)[0] == pid
+    return reaped
+
+
 class Watchdog:
-    """A forked helper that kills the job's process tree when the launcher dies without saying so.
+    """A forked helper that kills the job's processes when the launcher dies without saying so.
 
     The launcher keeps the write end of a pipe; the helper blocks reading it. The launcher sends
-    the PIDs to guard, and ``done`` when it has cleaned up itself. End of file without ``done``
-    means the launcher was killed: the helper then SIGKILLs the guarded trees and exits.
+    the PIDs to guard, the job's marker and the directories to remove, then ``done`` when it has
+    cleaned up itself. End of file without ``done`` means the launcher was killed: the helper then
+    SIGKILLs the guarded trees and every process with the marker, removes the directories and exits.
+    The helper is in a session of its own (a kill of the launcher's process group misses it), needs
+    no standard stream (they point at ``/dev/null``) and ignores the stop signals and SIGPIPE.
+    Fork it before creating pipes for children: it closes every descriptor but its own.
     """
 
     def __init__(self) -> None:
         read_fd, self._write_fd = os.pipe()
         self.pid = os.fork()
-        if self.pid == 0:  # the helper
-            os.close(self._write_fd)
-            self._serve(read_fd)
+        if self.pid == 0:  # the helper: never returns into the launcher's code
+            try:
+                self._serve(read_fd)
+            finally:
+                os._exit(0)
         os.close(read_fd)
 
     @staticmethod
     def _serve(read_fd: int) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        os.setsid()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_IGN)
+        os.chdir("/")
         devnull = os.open(os.devnull, os.O_RDWR)
-        os.dup2(devnull, 0)
-        os.dup2(devnull, 1)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.closerange(3, read_fd)
+        os.closerange(read_fd + 1, 65536)
+        _prctl(PR_SET_NAME, WATCHDOG_NAME)
         guarded: list[int] = []
+        markers: list[str] = []
+        dirs: list[str] = []
         buffer = b""
         while True:
             chunk = os.read(read_fd, 4096)
@@ -150,20 +242,47 @@ class Watchdog:
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
-                if line == b"done":
-                    os._exit(0)
-                guarded.append(int(line))
+                kind, _, value = line.partition(b" ")
+                if kind == b"done":
+                    return
+                if kind == b"pid":
+                    guarded.append(int(value))
+                elif kind == b"marker":
+                    markers.append(bytes.fromhex(value.decode()).decode())
+                elif kind == b"dir":
+                    dirs.append(os.fsdecode(bytes.fromhex(value.decode())))
         kill_tree(guarded)
-        os._exit(0)
+        for marker in markers:
+            kill_tree([], marker=marker)
+        import shutil
+
+        for path in dirs:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _send(self, kind: str, value: bytes = b"") -> None:
+        os.write(self._write_fd, kind.encode() + b" " + value + b"\n")
 
     def guard(self, pid: int) -> None:
         """Kill this PID's tree if the launcher dies."""
-        os.write(self._write_fd, b"%d\n" % pid)
+        self._send("pid", b"%d" % pid)
+
+    def kill_marked(self, marker: str) -> None:
+        """Kill every process whose environment holds ``marker`` (``NAME=VALUE``) if the launcher dies."""
+        self._send("marker", marker.encode().hex().encode())
+
+    def remove_dir(self, path: str) -> None:
+        """Remove this directory (after the kill) if the launcher dies."""
+        self._send("dir", os.fsencode(path).hex().encode())
 
     def release(self) -> None:
         """The launcher cleaned up: let the helper exit without killing anything."""
         try:
-            os.write(self._write_fd, b"done\n")
+            self._send("done")
         finally:
             os.close(self._write_fd)
             os.waitpid(self.pid, 0)
+
+
+def new_marker(name: str) -> str:
+    """``NAME=<pid>-<16 random hex digits>``: a value no other job, earlier or later, can have."""
+    return f"{name}={os.getpid()}-{os.urandom(8).hex()}"

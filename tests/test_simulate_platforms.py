@@ -26,6 +26,7 @@ from launcher.simulate.hosts import BUILDERS, builder
 WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
 PORT = 23999
 PLAIN = [p for p in BUILDERS if p != "sagemaker"]  # the platforms whose command is python -m launcher
+HPC = ("slurm", "pbs")  # tested in test_simulate_hpc.py: their command has a prefix (task PID, host name)
 # Each platform's own variables on a host (the caller's and simulate's common ones left out).
 PLATFORM_VARIABLES = {
     "kubeflow": {"MASTER_ADDR", "MASTER_PORT", "PET_MASTER_ADDR", "PET_MASTER_PORT", "WORLD_SIZE", "RANK",
@@ -70,7 +71,7 @@ def node_view(platform: str, env: dict[str, str]) -> tuple[int, int, str]:
     return int(env["NODE_RANK"]), int(env["NNODES"]), env["MASTER_ADDR"]
 
 
-@pytest.mark.parametrize("platform", PLAIN)
+@pytest.mark.parametrize("platform", [p for p in PLAIN if p not in HPC])
 def test_each_host_gets_exactly_the_platform_variables(tmp_path: Any, platform: str) -> None:
     config, specs = build(tmp_path, platform, 3, "--nproc-per-node", "2")
     for spec in specs:
@@ -211,7 +212,7 @@ def _job_case(platform: str) -> Any:
                         "a simulated host's launcher could not detect its platform"))
 
 
-@pytest.mark.parametrize("platform", [_job_case(p) for p in BUILDERS])
+@pytest.mark.parametrize("platform", [_job_case(p) for p in BUILDERS if p not in HPC])
 def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:
     records_dir, workdir = tmp_path / "records", str(tmp_path / "job")
     records_dir.mkdir()

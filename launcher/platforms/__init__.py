@@ -13,13 +13,17 @@ from typing import NamedTuple, Optional
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
 from launcher.options import Options
-from launcher.platforms import env, kubeflow, local, oci, sagemaker, vertex
+from launcher.platforms import env, kubeflow, local, oci, pbs, sagemaker, slurm, vertex
 from launcher.platforms.base import Platform
 
 # Detection order: the first platform whose evidence is present wins. Why each stands where it does:
 ORDER: tuple[tuple[Platform, str], ...] = (
     (sagemaker.PLATFORM, "its files and SM_* variables are written by AWS alone; a SageMaker job may "
                          "also carry MASTER_ADDR-style variables a user set"),
+    (slurm.PLATFORM, "SLURM_JOB_ID is set by SLURM alone and names no other platform; before the generic "
+                     "MASTER_ADDR-style platforms (kubeflow, env), which a SLURM user may set by hand"),
+    (pbs.PLATFORM, "PBS_JOBID/PBS_NODEFILE are set by PBS alone; after slurm only so that a SLURM job "
+                   "submitted from inside a PBS job (rare) reads the inner, SLURM, allocation"),
     (kubeflow.PLATFORM, "Kubernetes' KUBERNETES_SERVICE_HOST with the training-operator's MASTER_ADDR + WORLD_SIZE "
                         "+ RANK or PET_RDZV_ENDPOINT; before kubeflow-v2: v1 pods may carry v2's PET_* names too"),
     (kubeflow.PLATFORM_V2, "Kubernetes with PET_NNODES + PET_NODE_RANK + PET_MASTER_ADDR: all that Trainer v2 injects"),

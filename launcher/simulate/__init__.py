@@ -9,8 +9,8 @@ Usage::
         [kubeflow: --kubeflow-legacy]
         -- script.py args...
 
-``--platform`` is ``sagemaker`` (the default), ``kubeflow``, ``kubeflow-v2``, ``oci``, ``vertex`` or
-``env``. Each host gets exactly the variables and files that platform gives a real node (each
+``--platform`` is ``sagemaker`` (the default), ``kubeflow``, ``kubeflow-v2``, ``oci``, ``vertex``,
+``env``, ``slurm`` or ``pbs``. Each host gets exactly the variables and files that platform gives a real node (each
 builder in ``launcher/simulate/hosts/`` cites the platform's source); the launcher on each host must
 find its platform by itself (simulate never sets ``LAUNCHER_PLATFORM``). Host names are the
 platform's; how they resolve depends on the network (below).
@@ -45,6 +45,15 @@ else ``loopback``, and the log and the summary say so and why):
   ``CLUSTER_SPEC`` with ``cluster``, ``environment``, ``task`` (``type``, ``index``) and ``job``.
 - ``env`` (Docker Compose, bare metal): hosts ``node-<i>``; ``MASTER_ADDR`` (``node-0``),
   ``MASTER_PORT``, ``NNODES``, ``NODE_RANK``.
+- ``slurm``: nodes ``node1`` .. ``nodeN`` with the variables of step 0 of ``srun --ntasks-per-node=1``
+  as measured on a real SLURM 22.05 cluster (``SLURM_JOB_ID``, ``SLURM_NODEID``,
+  ``SLURM_STEP_NODELIST=node[1-N]``, ``SLURMD_NODENAME``, ... and ``SLURM_TASK_PID``, the launcher's
+  own PID).
+- ``pbs``: nodes ``node1`` .. ``nodeN``; one ``PBS_NODEFILE`` with a line per process slot (repeats, as
+  PBS writes it), ``PBS_JOBID``, ``PBS_O_WORKDIR``, ``PBS_ENVIRONMENT=PBS_BATCH`` and pbsdsh's
+  ``PBS_NODENUM``/``PBS_VNODENUM``/``PBS_TASKNUM``. PBS names no current host, so each host runs in
+  its own UTS and mount namespace (``unshare``: root, or unprivileged user namespaces) with its
+  node's host name and an ``/etc/hosts`` naming every node; where that is not permitted, exit 2.
 
 Every platform but SageMaker starts each host as ``python -m launcher script.py args...`` (the job's
 command there) in its own directory ``DIR/<host>/``, with this repository's launcher on ``PYTHONPATH``;
@@ -129,6 +138,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
+from launcher import streams
 from launcher.errors import ConfigError
 from launcher.simulate import netns
 from launcher.simulate.config import PROG, Config, Fault, build_config, parse_fault, script_hyperparameters
@@ -183,7 +193,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         port = free_port()
         specs = builder(config.platform).make_hosts(config, os.environ, port)
     except ConfigError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
         return 2
     network = "netns: each host its own namespaces on a private bridge" if config.network == "netns" else \
         f"loopback: every host is 127.0.0.1{f' ({config.network_note})' if config.network_note else ''}"
@@ -199,7 +209,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         sim.run()
     except OSError as exc:
-        sys.stderr.write(f"{PROG}: error: cannot start a host: {exc}\n")
+        streams.write(sys.stderr, f"{PROG}: error: cannot start a host: {exc}\n")
         return 1
     finally:
         if lab is not None:
@@ -210,7 +220,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 log(f"fault {armed.fault.host}:{armed.fault.name}:{armed.fault.when()} never fired")
     report = job_report(sim)
     write_json(os.path.join(config.workdir, "summary.json"), report)
-    sys.stdout.flush()
-    sys.stderr.write("\n" + format_summary(report) + "\n")
-    sys.stderr.flush()
+    streams.write(sys.stdout, "")  # flushes: the summary comes after the hosts' output
+    streams.write(sys.stderr, "\n" + format_summary(report) + "\n")
     return int(report["exit_code"])

@@ -46,7 +46,9 @@ platforms (each host gets what the platform gives a real node; the manual: launc
   kubeflow-v2  JOB-node-0-i: PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR/PORT
   oci          node-i: NODE_RANK, NODE_COUNT, INITIAL_CLUSTER_SIZE, CLUSTER_NODES_METADATA_FILE
   vertex       workerpool0-ID-0, workerpool1-ID-i: CLUSTER_SPEC
-  env          node-i: MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK"""
+  env          node-i: MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK
+  slurm        node1..nodeN: SLURM_JOB_ID, SLURM_NODEID, SLURM_STEP_NODELIST, SLURMD_NODENAME, ...
+  pbs          node1..nodeN: PBS_NODEFILE (a line per slot), PBS_JOBID, ...; own host name (unshare)"""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Callable, Optional
 
-from launcher import proctree
+from launcher import proctree, streams
 from launcher.simulate.config import Config, Fault
 from launcher.simulate.hosts.base import HostSpec
 
@@ -26,12 +26,13 @@ if TYPE_CHECKING:
 
 BACKSTOP_SECONDS = 5.0  # after the grace period: simulate kills a launcher that is still running
 TICK = 0.05
+REAP_EVERY = 10  # ticks between collecting the zombies of orphans re-parented to simulate
+MARKER = "DDP_LAUNCHER_SIMULATION"  # in every host's environment, so in everything the hosts start
 
 
 def log(message: str) -> None:
-    """One line of simulate's own, on stderr."""
-    sys.stderr.write(f"[simulate] {message}\n")
-    sys.stderr.flush()
+    """One line of simulate's own, on stderr. Never fails (stderr may be closed or a dead pipe)."""
+    streams.write(sys.stderr, f"[simulate] {message}\n")
 
 
 @dataclass
@@ -110,11 +111,15 @@ class Simulation:
         self.signals: list[int] = []
         self.user_signal: Optional[int] = None
         self.start = 0.0
+        self.marker = proctree.new_marker(MARKER)
+        self.watchdog_pid = 0
 
     # -- starting -------------------------------------------------------------------------------
     def _start_host(self, spec: HostSpec) -> HostRun:
+        env = dict(spec.env)
+        env[MARKER] = self.marker.partition("=")[2]
         argv = self.lab.command(spec.name, spec.argv) if self.lab else spec.argv
-        proc = subprocess.Popen(argv, cwd=spec.cwd, env=dict(spec.env), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         faults = [ArmedFault(f) for f in self.config.faults if f.host == spec.name]
         run = HostRun(spec, proc, time.monotonic(), faults)
@@ -253,9 +258,16 @@ class Simulation:
 
     # -- the whole run ----------------------------------------------------------------------------
     def run(self) -> None:
-        """Start every host and return when all have ended and nothing of theirs is left."""
+        """Start every host and return when all have ended and nothing of theirs is left.
+
+        A watchdog in a session of its own kills the hosts' trees and everything carrying the job's
+        marker if simulate itself is killed, even with its whole process group.
+        """
+        streams.ensure_standard_fds()
         proctree.become_subreaper()  # orphans of a killed launcher come back to us
         watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
+        watchdog.kill_marked(self.marker)
+        self.watchdog_pid = watchdog.pid
         previous = {s: signal.signal(s, self._on_signal)
                     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
@@ -268,7 +280,7 @@ class Simulation:
             self._loop()
         finally:  # also when a host could not be started: nothing of the others may stay
             keep = [watchdog.pid] + ([self.lab.pid] if self.lab else [])  # the lab's holder: closed by its owner
-            leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=keep)
+            leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=keep, marker=self.marker)
             if leftovers:
                 log(f"killed {leftovers} process(es) the hosts left behind")
             for run in self.runs:
@@ -280,10 +292,14 @@ class Simulation:
             proctree.reap_children()
 
     def _loop(self) -> None:
+        ticks = 0
         while any(r.ended is None for r in self.runs):
             now = time.monotonic()
             self._handle_signals()
             self._fire_due_faults(now)
             self._collect_exits(now)
             self._enforce_deadlines(now)
+            ticks += 1
+            if ticks % REAP_EVERY == 0:
+                proctree.reap_orphans([r.proc.pid for r in self.runs] + [self.watchdog_pid])
             time.sleep(TICK)

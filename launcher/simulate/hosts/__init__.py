@@ -19,6 +19,8 @@ BUILDERS = {
     "oci": "launcher.simulate.hosts.oci",
     "vertex": "launcher.simulate.hosts.vertex",
     "env": "launcher.simulate.hosts.env",
+    "slurm": "launcher.simulate.hosts.slurm",
+    "pbs": "launcher.simulate.hosts.pbs",
 }
 DEFAULT = "sagemaker"
 

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 ADDRESS = "127.0.0.1"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 # What the caller's environment must not pass to a host: another job's, platform's or run's variables.
-FOREIGN_PREFIXES = ("SM_", "SAGEMAKER_", "TORCHELASTIC_", "PET_", "OCI__", "KUBERNETES_", "AIP_")
+FOREIGN_PREFIXES = ("SM_", "SAGEMAKER_", "TORCHELASTIC_", "PET_", "OCI__", "KUBERNETES_", "AIP_", "SLURM_",
+                    "SLURMD_", "PBS_")
 FOREIGN_NAMES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                            "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "TRAINING_JOB_NAME",
                            "CURRENT_HOST", "NODE_RANK", "NODE_COUNT", "NNODES", "INITIAL_CLUSTER_SIZE",

@@ -1,0 +1,339 @@
+"""No process is left however the launcher (or simulate) ends, and a stop stops, also with restarts.
+
+Each test records the PIDs of the job (launcher, torchrun, workers, their daemons and orphans) and the
+job's marker variable, then proves with ``assert_gone`` and a ``/proc`` scan that none of them is left,
+and that the run directory is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Optional
+
+import pytest
+from conftest import PYTHON, REPO, assert_gone, free_port, is_alive, launcher_env
+from test_launcher_processes import make_host, records, wait_for_records
+from test_simulate import SCRIPT as ALLREDUCE
+from test_simulate import Simulate, ancestors_of_test, processes_inside, rank_records
+
+from launcher import cli, proctree
+from launcher.errors import ConfigError
+
+WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
+FORKING = os.path.join(REPO, "tests", "scripts", "forking_worker.py")
+LONG_RUN = ["--steps", "100000", "--step-sleep", "0.05"]
+STUBBORN = """import json, os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+json.dump({'rank': int(os.environ['RANK']), 'pid': os.getpid(), 'ppid': os.getppid(), 'steps_done': 1},
+          open(os.path.join(os.environ['WORKER_RECORD_DIR'], 'rank%s.json' % os.environ['RANK']), 'w'))
+time.sleep(600)
+"""
+
+
+STARTED: list[int] = []  # the launchers and simulates a test started
+
+
+@pytest.fixture(autouse=True)
+def end_what_a_failed_test_left():
+    """A test that fails half-way leaves its job running: kill its trees by PID (watchdogs end theirs)."""
+    yield
+    for pid in STARTED:
+        if is_alive(pid):
+            proctree.kill_tree([pid])
+    STARTED.clear()
+
+
+def start(base, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=None, **env):
+    """A one-host launcher in a session of its own (so a test can kill its process group)."""
+    environ = launcher_env(SAGEMAKER_BASE_DIR=str(base), WORKER_RECORD_DIR=str(base / "records"),
+                           LAUNCHER_MASTER_PORT=str(free_port()), LAUNCHER_RESOLVE="algo-1=127.0.0.1", **env)
+    proc = subprocess.Popen([PYTHON, "-m", "launcher", "--nproc-per-node", "2", *args], env=environ,
+                            cwd=str(base), stdout=stdout, stderr=stderr, start_new_session=True,
+                            preexec_fn=preexec_fn)
+    STARTED.append(proc.pid)
+    return proc
+
+
+def proc_environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def markers_of(pid: int) -> list[bytes]:
+    """The job markers in a process's environment (the launcher's, simulate's)."""
+    return [e for e in proc_environ(pid) if e.startswith((b"DDP_LAUNCHER_JOB=", b"DDP_LAUNCHER_SIMULATION="))]
+
+
+def with_marker(marker: bytes) -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and marker in proc_environ(int(n))
+            and is_alive(int(n))]
+
+
+def stat_of(pid: int) -> Optional[list[str]]:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def children(pid: int, state: Optional[str] = None) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        fields = stat_of(int(name)) if name.isdigit() else None
+        if fields and int(fields[1]) == pid and (state is None or fields[0] == state):
+            found.append(int(name))
+    return found
+
+
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def run_dir_of(torchrun: int) -> str:
+    """The run directory, from torchrun's ``--log-dir <run dir>/logs``."""
+    with open(f"/proc/{torchrun}/cmdline", "rb") as fh:
+        argv = fh.read().decode().split("\0")
+    return os.path.dirname(argv[argv.index("--log-dir") + 1])
+
+
+class Job:
+    """What a running job consists of, read from its records and /proc before it is ended."""
+
+    def __init__(self, launcher: int, base) -> None:
+        found = records(base)
+        self.launcher = launcher
+        self.workers = sorted(r["pid"] for r in found.values())
+        self.torchrun = sorted({r["ppid"] for r in found.values()})
+        assert len(self.torchrun) == 1, found
+        self.markers = sorted({m for w in self.workers for m in markers_of(w)})
+        assert any(m.startswith(b"DDP_LAUNCHER_JOB=") for m in self.markers), self.markers
+        self.run_dir = run_dir_of(self.torchrun[0])
+        self.watchdogs = [c for c in children(launcher) if comm(c) == "ddp-watchdog"]
+        assert len(self.watchdogs) == 1, children(launcher)
+
+    def assert_nothing_left(self, extra: tuple[int, ...] = ()) -> float:
+        waited = assert_gone([self.launcher, *self.torchrun, *self.workers, *self.watchdogs, *extra])
+        for marker in self.markers:
+            assert with_marker(marker) == [], marker
+        deadline = time.monotonic() + 5
+        while os.path.exists(self.run_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(self.run_dir), self.run_dir
+        return waited
+
+
+# ------------------------------------------------------------------------------------------------
+# Killed from outside: the launcher's whole process group, simulate's, the launcher alone
+# ------------------------------------------------------------------------------------------------
+
+def test_group_sigkill_of_the_launcher_leaves_nothing(tmp_path):
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    proc = start(base, [WORKER, *LONG_RUN])
+    wait_for_records(base, 2, timeout=150, steps=1)
+    job = Job(proc.pid, base)
+    os.killpg(proc.pid, signal.SIGKILL)  # what `timeout -s KILL` and many schedulers do
+    proc.communicate(timeout=30)
+    waited = job.assert_nothing_left()
+    print(f"\nprocess group SIGKILLed: the job was gone {waited:.2f} s later")
+
+
+def test_group_sigkill_of_simulate_leaves_nothing(tmp_path):
+    workdir = str(tmp_path / "job")
+    sim = Simulate(["--hosts", "2", "--workdir", workdir, "--", ALLREDUCE, "--steps", "0",
+                    "--step-sleep", "0.1"], str(tmp_path))  # in a session of its own
+    STARTED.append(sim.proc.pid)
+    sim.wait_for("[algo-2] [rank1]:step=2")
+    found = rank_records(workdir, 2)
+    skip = ancestors_of_test() | {sim.proc.pid}
+    pids = {p for recs in found.values() for r in recs for p in [r["pid"], *r["ancestors"]] if p not in skip}
+    markers = {m for p in pids for m in markers_of(p)}
+    assert {m.split(b"=")[0] for m in markers} == {b"DDP_LAUNCHER_JOB", b"DDP_LAUNCHER_SIMULATION"}
+    torchruns = [r["ancestors"][0] for recs in found.values() for r in recs[:1]]
+    run_dirs = [run_dir_of(t) for t in torchruns]
+    watchdogs = [c for p in pids | {sim.proc.pid} for c in children(p) if comm(c) == "ddp-watchdog"]
+    assert len(watchdogs) == 3  # simulate's and each host launcher's
+    os.killpg(sim.proc.pid, signal.SIGKILL)
+    sim.finish()
+    waited = assert_gone([sim.proc.pid, *pids, *watchdogs])
+    assert processes_inside(workdir) == []
+    for marker in markers:
+        assert with_marker(marker) == [], marker
+    time.sleep(0.5)
+    assert not any(os.path.exists(d) for d in run_dirs), run_dirs
+    print(f"\nsimulate's process group SIGKILLed: {len(pids)} processes gone {waited:.2f} s later")
+
+
+def test_sigkill_of_the_launcher_takes_a_workers_double_forked_daemon(tmp_path):
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    proc = start(base, [FORKING, "daemon"])
+    wait_for_records(base, 2, timeout=150)
+    deadline = time.monotonic() + 30
+    while len(list((base / "records" / "forks").glob("daemon*.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    daemons = [json.loads(p.read_text())["pid"] for p in (base / "records" / "forks").glob("daemon*.json")]
+    assert len(daemons) == 2 and all(is_alive(d) for d in daemons)
+    assert all(d not in children(r["pid"]) for d in daemons for r in records(base).values())  # out of the tree
+    job = Job(proc.pid, base)
+    proc.kill()
+    proc.communicate(timeout=30)
+    job.assert_nothing_left(tuple(daemons))
+
+
+def test_orphans_are_reaped_while_the_job_runs(tmp_path):
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    count = 10
+    proc = start(base, [FORKING, "burst", str(count), "--seconds", "6"])
+    deadline = time.monotonic() + 40
+    while len(list((base / "records" / "forks").glob("orphan*.json"))) < 2 * count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    orphans = [json.loads(p.read_text()) for p in (base / "records" / "forks").glob("orphan*.json")]
+    assert len(orphans) == 2 * count
+    assert {o["ppid"] for o in orphans} == {proc.pid}  # they were re-parented to the launcher
+    job = Job(proc.pid, base)
+    time.sleep(1.5)  # the launcher collects them every 0.5 s
+    assert proc.poll() is None, "the job ended too soon to prove anything"
+    zombies = children(proc.pid, state="Z")
+    assert zombies == [], f"zombie children of the launcher while the job runs: {zombies}"
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    job.assert_nothing_left(tuple(o["pid"] for o in orphans))
+
+
+# ------------------------------------------------------------------------------------------------
+# Standard streams: a dead pipe reader at Ctrl-C, a stream closed from the start
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum,worker_args,expected", [
+    (signal.SIGINT, [], 128 + signal.SIGINT),
+    (signal.SIGTERM, ["--clean-stop"], 0)], ids=["SIGINT", "SIGTERM-clean-stop"])
+def test_stop_signal_with_a_dead_pipe_reader(tmp_path, signum, worker_args, expected):
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    read_fd, write_fd = os.pipe()
+    proc = start(base, ["--grace-period", "20", WORKER, *LONG_RUN, *worker_args], stdout=write_fd, stderr=write_fd)
+    os.close(write_fd)
+    wait_for_records(base, 2, timeout=150, steps=1)
+    job = Job(proc.pid, base)
+    os.close(read_fd)  # `ddp-launcher ... | tee log`: Ctrl-C kills tee first
+    os.killpg(proc.pid, signum)  # the terminal's foreground group: the launcher (torchrun has its own)
+    assert proc.wait(timeout=60) == expected
+    job.assert_nothing_left()
+    assert all(r["signals"] == (["SIGTERM"] if signum == signal.SIGTERM else []) for r in records(base).values())
+
+
+@pytest.mark.parametrize("fd", [0, 1, 2], ids=["stdin", "stdout", "stderr"])
+def test_a_standard_stream_closed_at_start(tmp_path, fd):
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    proc = start(base, [WORKER, "--steps", "3", "--exit-code", "7", "--fail-rank", "1", "--fail-at-step", "1"],
+                 preexec_fn=lambda: os.close(fd))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 7, err.decode()[-2000:]
+    assert (base / "output" / "failure").read_text().startswith("algo-1: rank 1 (local rank 1) exited with code 7")
+    if fd != 2:
+        assert "exited with code 7" in err.decode()
+    assert_gone([proc.pid, *(p for r in records(base).values() for p in (r["pid"], r["ppid"]))])
+
+
+# ------------------------------------------------------------------------------------------------
+# The run directory: new and private for every run, never reused
+# ------------------------------------------------------------------------------------------------
+
+def test_every_run_gets_a_new_private_run_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    (tmp_path / "train.py").write_text("pass\n")
+    env = {"PATH": os.environ.get("PATH", "")}
+    plans = [cli.plan(["train.py"], env) for _ in range(3)]
+    dirs = {p.launch.run_dir for p in plans}
+    markers = {p.launch.env_changes["DDP_LAUNCHER_JOB"] for p in plans}
+    assert len(dirs) == 3 and len(markers) == 3  # same PID, still never the same
+    assert all(d.startswith(str(tmp_path / f"ddp-launcher-{os.getpid()}-")) for d in dirs)
+    assert all(os.path.basename(p.launch.run_dir).endswith(p.launch.env_changes["DDP_LAUNCHER_JOB"])
+               for p in plans)
+    assert os.listdir(tmp_path) == ["train.py"]  # planning creates nothing
+    path = plans[0].launch.run_dir
+    cli.make_run_dir(path)
+    assert os.stat(path).st_mode & 0o777 == 0o700
+    with pytest.raises(ConfigError, match="cannot create the run directory"):
+        cli.make_run_dir(path)  # an existing directory is never taken over
+
+
+def test_a_run_directory_that_cannot_be_made_is_bad_input(tmp_path):
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = start(base, [WORKER], TMPDIR=str(blocker))
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2 and out == b""
+    lines = err.decode().splitlines()
+    # plan() checks TMPDIR first; make_run_dir() catches what that check cannot (a race, a full disk)
+    assert len(lines) == 1 and str(blocker) in lines[0], lines
+    assert "TMPDIR is not a directory" in lines[0] or "cannot create the run directory" in lines[0], lines
+    assert records(base) == {}
+
+
+# ------------------------------------------------------------------------------------------------
+# A stop with restarts stops: no new generation of workers
+# ------------------------------------------------------------------------------------------------
+
+class ChildWatcher:
+    """Every PID that was ever a child of ``pid`` (sampled every 10 ms until stopped)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.seen, self.done = pid, set(), threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.done.is_set():
+            self.seen.update(children(self.pid))
+            time.sleep(0.01)
+
+    def stop(self) -> set[int]:
+        self.done.set()
+        self.thread.join()
+        return self.seen
+
+
+@pytest.mark.parametrize("workers", ["clean-stop", "die", "ignore"])
+def test_a_stop_with_restarts_starts_no_new_generation(tmp_path, workers):
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    args = {"clean-stop": [WORKER, *LONG_RUN, "--clean-stop"], "die": [WORKER, *LONG_RUN],
+            "ignore": [str(script)]}[workers]
+    proc = start(base, ["--max-restarts", "2", "--grace-period", "3" if workers == "ignore" else "20", *args])
+    wait_for_records(base, 2, timeout=150)
+    job = Job(proc.pid, base)
+    watcher = ChildWatcher(job.torchrun[0])
+    time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGTERM)
+    stopped = time.monotonic()
+    _out, err = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - stopped
+    seen = watcher.stop()
+    assert seen == set(job.workers), f"torchrun started other workers after the stop: {seen - set(job.workers)}"
+    assert {r["pid"] for r in records(base).values()} == set(job.workers)
+    expected = 0 if workers == "clean-stop" else 128 + signal.SIGTERM
+    assert proc.returncode == expected, err.decode()[-3000:]
+    if workers == "clean-stop":
+        assert "every worker finished cleanly" in err.decode()
+        assert not (base / "output" / "failure").exists()
+    else:
+        assert (base / "output" / "failure").read_text().startswith("algo-1: stopped by SIGTERM")
+    job.assert_nothing_left()
+    print(f"\n--max-restarts 2, workers {workers}: the launcher exited {elapsed:.2f} s after SIGTERM, "
+          f"code {proc.returncode}, {len(seen)} worker(s) ever")
