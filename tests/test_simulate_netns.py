@@ -241,7 +241,7 @@ def _ppid(pid: int) -> int:
 
 
 def test_partition_with_platform_stop_off_ends_by_the_deadline(tmp_path: Any, machine: Any) -> None:
-    deadline = 30.0
+    deadline = 40.0  # the partition fires at about 15 s (step 3): a slow start must not miss it
     sim, workdir = start(tmp_path, "split", 2, "--fault", "algo-2:partition:step=3", "--platform-stop", "off",
                          "--deadline", str(deadline), "--grace-period", "2",
                          script_args=("--steps", "0", "--step-sleep", "0.1"))
