@@ -10,9 +10,11 @@ in the host with its own hostname (UTS namespace) and the lab's hosts file bound
 (a private mount namespace: the machine's file is never edited). Processes keep the machine's PID
 namespace: a host's PIDs are the machine's PIDs.
 
-Nothing outlives the lab: the holder reads its standard input, and at end of file (:meth:`Lab.close`,
-or the process that made the lab died, even by SIGKILL) it SIGKILLs every process in the hosts'
-namespaces and exits, which frees the namespaces, the veths and the bridge::
+Nothing outlives the lab: the holder reads its standard input; at :meth:`Lab.close`, or at end of
+file (the process that made the lab died, even by SIGKILL: the holder is in a session of its own), it
+SIGKILLs every process in the hosts' namespaces and exits, which frees the namespaces, the veths and
+the bridge. After an owner's death it first gives the hosts' processes :data:`LINGER` seconds to end
+by themselves (their own watchdogs clean up their run directories as they go)::
 
     with Lab(directory) as lab:
         lab.add_host("algo-1", host_address(0))
@@ -45,6 +47,7 @@ SUBNET = "10.88.0."
 PREFIX_LENGTH = 24
 MAX_HOSTS = 254
 BRIDGE = "br0"
+LINGER = 3.0  # seconds the hosts' processes get to end by themselves when the lab's owner died
 TOOLS = ("ip", "unshare", "nsenter", "mount")
 
 
@@ -227,7 +230,11 @@ class Lab:
         """Kill every process of every host and remove the lab (the holder does it and exits)."""
         with self._lock:
             if self._holder.stdin is not None and not self._holder.stdin.closed:
-                self._holder.stdin.close()
+                try:
+                    self._holder.stdin.write(b'["close"]\n')  # at once: no LINGER
+                    self._holder.stdin.close()
+                except BrokenPipeError:
+                    pass
         try:
             self._holder.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -252,8 +259,8 @@ def _run(argv: Sequence[str]) -> Optional[str]:
 
 
 def _hold() -> int:
-    """The holder: set the lab up, run the ``ip`` commands it is sent, and at end of input kill every
-    process of every host and exit (which removes the namespaces, veths and bridge)."""
+    """The holder: set the lab up, run the ``ip`` commands it is sent; at ``close`` or end of input
+    kill every process of every host and exit (which removes the namespaces, veths and bridge)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only end of input ends the lab
     for argv in (["mount", "-n", "-t", "tmpfs", "-o", "mode=755", "lab", "/run"],
                  ["ip", "link", "set", "lo", "up"], ["ip", "link", "add", BRIDGE, "type", "bridge"],
@@ -263,11 +270,19 @@ def _hold() -> int:
             _answer({"error": f"cannot make the lab: {error}"})
             return 1
     _answer({"ready": True})
+    closed = False
     for line in sys.stdin:
         argv = json.loads(line)
+        if argv == ["close"]:
+            closed = True
+            break
         _answer({"error": _run(argv) if argv[:1] == ["ip"] else f"not an ip command: {argv!r}"})
     netns = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
-    kill_namespaces([os.stat(os.path.join("/run/netns", n)).st_ino for n in netns])
+    inodes = [os.stat(os.path.join("/run/netns", n)).st_ino for n in netns]
+    until = time.monotonic() + (0.0 if closed else LINGER)
+    while time.monotonic() < until and namespace_pids(inodes):
+        time.sleep(0.05)
+    kill_namespaces(inodes)
     for name in netns:
         _run(["ip", "netns", "delete", name])
     return 0
