@@ -4,6 +4,7 @@ Usage::
 
     ddp-launcher simulate --hosts N [--platform P] [--nproc-per-node K] [--workdir DIR]
         [--job-name NAME] [--fault HOST:SIGNAL:AFTER ...] [--grace-period S]
+        [--network netns|loopback] [--platform-stop on|off] [--deadline S]
         [SageMaker: --instance-type ml.m5.xlarge --channel NAME=DIR ... --hyperparameters JSON --toolkit]
         [kubeflow: --kubeflow-legacy]
         -- script.py args...
@@ -12,7 +13,20 @@ Usage::
 ``env``, ``slurm`` or ``pbs``. Each host gets exactly the variables and files that platform gives a real node (each
 builder in ``launcher/simulate/hosts/`` cites the platform's source); the launcher on each host must
 find its platform by itself (simulate never sets ``LAUNCHER_PLATFORM``). Host names are the
-platform's; ``LAUNCHER_RESOLVE`` maps every name to 127.0.0.1 (nothing on the machine is edited).
+platform's; how they resolve depends on the network (below).
+
+Network (``--network``; default ``netns`` where permitted: root, or unprivileged user namespaces;
+else ``loopback``, and the log and the summary say so and why):
+
+- ``netns``: every host is a host of its own (:mod:`launcher.simulate.netns`): its own network
+  namespace with ``eth0`` at ``10.88.0.<i+1>`` on a bridge, its own hostname (the platform's name for
+  it: ``algo-1``, ``<job>-master-0``, ``node-0``, ...) and its own ``/etc/hosts`` mapping every host's
+  names to their addresses (``DIR/hosts``, bound over ``/etc/hosts`` in the host's private mount
+  namespace). So the launcher resolves names exactly as on the platform: no ``LAUNCHER_RESOLVE``.
+  Namespaces, bridge and subnet are private to the run (an outer namespace per run): parallel runs
+  never collide, and nothing is left afterwards, even when simulate is SIGKILLed. PIDs are the machine's.
+- ``loopback``: every host is 127.0.0.1; ``LAUNCHER_RESOLVE`` maps every name to it (nothing on the
+  machine is edited). No ``partition`` fault.
 
 - ``sagemaker``: hosts ``algo-1`` .. ``algo-N``, each an ``/opt/ml`` tree and the ``SM_*`` variables
   (below); started as ``python launch.py <hyperparameters>`` in ``code/``.
@@ -47,7 +61,7 @@ the script and its arguments are passed through untouched. Kubernetes pods also 
 and ``KUBERNETES_SERVICE_HOST``/``_PORT``. Where the platform gives no port (oci, vertex) or no
 process count (oci, vertex, env, kubeflow-legacy), simulate sets ``LAUNCHER_MASTER_PORT`` and
 ``LAUNCHER_NPROC_PER_NODE`` as the job's environment would. Ports are free ports of this machine,
-not the platform's fixed ones (23456, 29500): every host is 127.0.0.1.
+not the platform's fixed ones (23456, 29500), so that ``loopback`` hosts can share the machine.
 
 SageMaker
 ---------
@@ -66,12 +80,14 @@ Each host ``algo-i`` gets what a SageMaker host gets, written in AWS's formats:
 - The source bundle (:func:`launcher.platforms.sagemaker.bundle.stage_bundle`) is packed once into
   ``DIR/sourcedir.tar.gz``, the file the SDK uploads; ``sagemaker_submit_directory`` names it. Without
   ``--toolkit`` simulate extracts it into each ``code/``; with ``--toolkit`` AWS's toolkit does
-  (``files.download_and_extract``), as on SageMaker.
+  (``files.download_and_extract``), as on SageMaker; with ``--network loopback`` it is told to skip
+  its wait for the hosts' names (``SM_STUDIO_LOCAL_MODE``), with ``netns`` it waits as on SageMaker.
 - The environment AWS's toolkit gives the entry point (every ``SM_*`` of
   ``sagemaker_training.environment.Environment.to_env_vars()``, plus ``CURRENT_HOST``,
   ``SAGEMAKER_JOB_NAME``, ``SAGEMAKER_REGION``), ``TRAINING_JOB_NAME``, and what an estimator's
-  ``environment=`` would carry for a local run: ``LAUNCHER_RESOLVE`` (every host -> 127.0.0.1),
-  ``LAUNCHER_MASTER_PORT`` (a free port), ``LAUNCHER_GRACE_PERIOD``, ``LAUNCHER_NPROC_PER_NODE``.
+  ``environment=`` would carry for a local run: ``LAUNCHER_RESOLVE`` (every host -> 127.0.0.1; only
+  with ``--network loopback``), ``LAUNCHER_MASTER_PORT`` (a free port), ``LAUNCHER_GRACE_PERIOD``,
+  ``LAUNCHER_NPROC_PER_NODE``.
 - It starts as SageMaker starts it: in ``code/``, ``python launch.py <the argv AWS's toolkit renders
   from hyperparameters.json>``; with ``--toolkit``, through AWS's real ``train`` command.
 
@@ -83,14 +99,18 @@ Choices, and why (every platform):
   (a reader never sees half a file): the first launchers find it incomplete and must wait.
 - SageMaker's channels are symlinks to the user's directories: a copy per host would cost N times the
   disk and the time for a real data set. A script that writes into its channel writes the user's files.
-- SageMaker's ``network_interface_name`` is ``lo``: every simulated host is 127.0.0.1, which is on ``lo``.
+- SageMaker's ``network_interface_name`` is the host's own ``eth0`` (``netns``), or ``lo`` (``loopback``:
+  every simulated host is 127.0.0.1, which is on ``lo``).
 - SageMaker's ``instance_groups`` lists the current host first: SageMaker does not sort that list.
 - When a host ends with a failure, is lost or was stopped on purpose, simulate sends SIGTERM to the
   other launchers, as SageMaker stops the remaining instances of a failed job (and Kubeflow's
   default ``runPolicy`` the other pods). Their workers would
   otherwise wait in a collective until gloo gives up (about 20 s, NCCL 10 min). Each launcher gets
   ``--grace-period`` (default 5 s) to stop its workers; a launcher still running 5 s after that is
-  killed with its process tree.
+  killed with its process tree. ``--platform-stop off`` leaves the others running, so that what the
+  launchers do by themselves is what gets measured.
+- ``--deadline`` (default 86400 s, SageMaker's default ``max_run``): then every host still running is
+  stopped the same way, so that no run (a partition with ``--platform-stop off``, say) waits for ever.
 - Exit code: that of the first host to end with a non-zero code, in time (the root cause; the others
   mostly end because of it), 0 if every host succeeded.
 - Stop signals (SIGINT, SIGTERM, SIGHUP) are forwarded to every launcher; a second one kills every
@@ -101,13 +121,18 @@ Faults: ``--fault algo-2:SIGKILL:5`` kills that host's launcher 5 s after the st
 instance or node: its watchdog kills the workers); ``SIGTERM`` is a spot interruption (or a pod's
 eviction). HOST is the platform's name, e.g. ``--platform kubeflow --fault JOB-worker-0:SIGKILL:5``.
 ``AFTER`` may be ``step=N``: the fault fires when a line of that host's output contains ``step=N``
-(or ``step N``).
+(or ``step N``). Two faults are not signals: ``algo-2:partition:5`` takes the host's link down (a
+partitioned network: its packets vanish both ways, nobody gets a reset; ``netns`` only), and
+``algo-2:poweroff:5`` is a power loss: the link goes down, then every process of the host (the
+launcher, torchrun, the workers, whatever they started) is SIGKILLed at once; with ``loopback``, the
+host's process tree is (its peers then see their connections close).
 
 Standard library only; never imports torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -115,9 +140,10 @@ from typing import Optional
 
 from launcher import streams
 from launcher.errors import ConfigError
-from launcher.simulate.config import PROG, Fault, build_config, parse_fault, script_hyperparameters
+from launcher.simulate import netns
+from launcher.simulate.config import PROG, Config, Fault, build_config, parse_fault, script_hyperparameters
 from launcher.simulate.hosts import builder
-from launcher.simulate.hosts.base import ADDRESS, free_port, write_json
+from launcher.simulate.hosts.base import HostSpec, free_port, host_address, write_json
 from launcher.simulate.hosts.sagemaker import make_tree
 from launcher.simulate.hosts.sagemaker_env import toolkit_env
 from launcher.simulate.hosts.sagemaker_files import encode_hyperparameters
@@ -129,24 +155,65 @@ __all__ = ["Fault", "build_config", "encode_hyperparameters", "main", "make_tree
            "script_hyperparameters", "toolkit_env"]
 
 
+def choose_network(config: Config) -> Config:
+    """``--network`` decided: netns where permitted unless asked otherwise; raises :class:`ConfigError`
+    when namespaces are needed (asked for, or a partition fault) and not permitted."""
+    if config.network == "loopback":
+        return config
+    why = netns.unavailable()
+    if why is None:
+        return dataclasses.replace(config, network="netns")
+    if config.network == "netns":
+        raise ConfigError(f"--network netns: {why}")
+    partition = next((f for f in config.faults if f.kind == "partition"), None)
+    if partition is not None:
+        raise ConfigError(f"--fault {partition.host}:partition needs network namespaces: {why}")
+    return dataclasses.replace(config, network="loopback", network_note=why)
+
+
+def make_lab(config: Config, specs: Sequence[HostSpec]) -> Optional[netns.Lab]:
+    """The hosts' namespaces (``--network netns``), every host added, or None."""
+    if config.network != "netns":
+        return None
+    lab = netns.Lab(config.workdir)
+    try:
+        for i, spec in enumerate(specs):
+            lab.add_host(spec.name, host_address(config, i), spec.aliases)
+    except BaseException:
+        lab.close()
+        raise
+    return lab
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``ddp-launcher simulate``. Returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        config = build_config(args, os.getcwd())
+        config = choose_network(build_config(args, os.getcwd()))
         port = free_port()
         specs = builder(config.platform).make_hosts(config, os.environ, port)
     except ConfigError as exc:
         streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
         return 2
+    network = "netns: each host its own namespaces on a private bridge" if config.network == "netns" else \
+        f"loopback: every host is 127.0.0.1{f' ({config.network_note})' if config.network_note else ''}"
     log(f"{config.platform} job {config.job_name}: {len(specs)} host(s) in {config.workdir}, master "
-        f"{ADDRESS}:{port}{', through AWS toolkit' if config.toolkit else ''}")
-    sim = Simulation(config, specs)
+        f"{specs[0].name} ({host_address(config, 0)}):{port}{', through AWS toolkit' if config.toolkit else ''}"
+        f"; network {network}")
+    try:
+        lab = make_lab(config, specs)
+    except (OSError, netns.LabError) as exc:
+        sys.stderr.write(f"{PROG}: error: cannot make the hosts' network namespaces: {exc}\n")
+        return 1
+    sim = Simulation(config, specs, lab)
     try:
         sim.run()
     except OSError as exc:
         streams.write(sys.stderr, f"{PROG}: error: cannot start a host: {exc}\n")
         return 1
+    finally:
+        if lab is not None:
+            lab.close()
     for run in sim.runs:
         for armed in run.faults:
             if armed.fired_at is None:

@@ -27,6 +27,9 @@ PROG = "ddp-launcher simulate"
 MAX_HOSTS = 64
 DEFAULT_INSTANCE_TYPE = "ml.m5.xlarge"
 DEFAULT_GRACE_PERIOD = 5.0
+DEFAULT_DEADLINE = 86400.0  # SageMaker's default MaxRuntimeInSeconds: the platform's own hard stop
+NETWORKS = ("netns", "loopback")
+NETWORK_FAULTS = ("partition", "poweroff")  # faults that are not a signal to the launcher
 SCRIPT_KEYS = ("train-script", "train_script")
 MAX_HYPERPARAMETERS, MAX_KEY_CHARS, MAX_VALUE_CHARS = 100, 256, 2500  # CreateTrainingJob's limits
 MAX_DEPTH = 100  # JSON nesting of a value: deeper ones break the JSON writers' recursion down the line
@@ -50,19 +53,24 @@ platforms (each host gets what the platform gives a real node; the manual: launc
 
 @dataclass(frozen=True)
 class Fault:
-    """A signal sent on purpose to one host's launcher, after some time or at a training step."""
+    """A fault of one host, after some time or at a training step: a signal to its launcher
+    (``kind`` ``signal``), or ``partition`` (its link goes down) or ``poweroff`` (every process of
+    the host killed at once, the link down first); those two have ``signum`` 0."""
 
     host: str
     signum: int
     after: Optional[float] = None
     step: Optional[int] = None
+    kind: str = "signal"
 
     @property
     def name(self) -> str:
-        return signal.Signals(self.signum).name
+        return signal.Signals(self.signum).name if self.kind == "signal" else self.kind
 
     def meaning(self) -> str:
         """What the fault stands for on a cloud platform."""
+        if self.kind != "signal":
+            return {"partition": "network partition", "poweroff": "power loss"}[self.kind]
         return {signal.SIGKILL: "lost instance", signal.SIGTERM: "spot interruption"}.get(
             self.signum, "signal")
 
@@ -88,6 +96,10 @@ class Config:
     grace_period: float
     script_args: tuple[str, ...] = ()  # the words after the script, untouched (not SageMaker)
     kubeflow_legacy: bool = False
+    network: Optional[str] = None  # netns or loopback; None: netns where permitted (decided at the start)
+    network_note: str = ""  # why this network, when it was not asked for
+    platform_stop: bool = True  # stop the other hosts when one fails, as the platform does
+    deadline: float = DEFAULT_DEADLINE  # seconds: then every host is stopped
 
 
 class _Parser(argparse.ArgumentParser):
@@ -122,10 +134,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--toolkit", action="store_true",
                    help="SageMaker: start each host through AWS's sagemaker-training `train` command")
     p.add_argument("--fault", action="append", default=[], metavar="HOST:SIGNAL:AFTER",
-                   help="e.g. algo-2:SIGKILL:5 (lost instance), algo-2:SIGTERM:step=3 (spot); "
-                        "HOST as the platform names it")
+                   help="e.g. algo-2:SIGKILL:5 (lost instance), algo-2:SIGTERM:step=3 (spot), "
+                        "algo-2:partition:5 (its link goes down), algo-2:poweroff:5 (every process of "
+                        "the host killed at once); HOST as the platform names it")
     p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_PERIOD,
                    help="seconds a launcher may take to stop its workers (LAUNCHER_GRACE_PERIOD)")
+    p.add_argument("--network", choices=NETWORKS, default=None,
+                   help="netns: each host its own network namespace, address, hostname and /etc/hosts "
+                        "on a private bridge; loopback: every host is 127.0.0.1 (default: netns where "
+                        "permitted, else loopback)")
+    p.add_argument("--platform-stop", choices=("on", "off"), default="on",
+                   help="on: when a host fails, stop the others as the platform does; off: leave them "
+                        "running, so the launcher's own behaviour is measured (default on)")
+    p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE, metavar="SECONDS",
+                   help=f"stop every host this long after the start (default {DEFAULT_DEADLINE:g}, "
+                        "SageMaker's default max_run)")
     return p
 
 
@@ -216,7 +239,7 @@ def parse_signal(text: str) -> int:
 
 
 def parse_fault(text: str, hosts: Sequence[str]) -> Fault:
-    """``algo-2:SIGKILL:5`` or ``algo-2:SIGTERM:step=3``."""
+    """``algo-2:SIGKILL:5``, ``algo-2:SIGTERM:step=3``, ``algo-2:partition:5`` or ``algo-2:poweroff:5``."""
     parts = text.split(":")
     if len(parts) != 3:
         raise ConfigError(f"--fault must be HOST:SIGNAL:AFTER, e.g. algo-2:SIGKILL:5: {text!r}")
@@ -224,20 +247,21 @@ def parse_fault(text: str, hosts: Sequence[str]) -> Fault:
     if host not in hosts:
         raise ConfigError(f"--fault {text!r}: no host {host!r} (the hosts are {', '.join(hosts[:3])}"
                           f"{', ...' if len(hosts) > 3 else ''})")
+    kind = sig.strip().lower() if sig.strip().lower() in NETWORK_FAULTS else "signal"
     try:
-        signum = parse_signal(sig)
+        signum = parse_signal(sig) if kind == "signal" else 0
     except (KeyError, ValueError):
-        raise ConfigError(f"--fault {text!r}: unknown signal {sig!r}") from None
+        raise ConfigError(f"--fault {text!r}: unknown signal {sig!r} (or partition, poweroff)") from None
     try:
         if after.startswith("step="):
             step = int(after[len("step="):])
             if step < 0:
                 raise ValueError
-            return Fault(host, signum, step=step)
+            return Fault(host, signum, step=step, kind=kind)
         seconds = float(after)
         if not seconds >= 0:
             raise ValueError
-        return Fault(host, signum, after=seconds)
+        return Fault(host, signum, after=seconds, kind=kind)
     except ValueError:
         raise ConfigError(f"--fault {text!r}: AFTER must be seconds >= 0 or step=N: {after!r}") from None
 
@@ -283,6 +307,8 @@ def _check_counts(args: argparse.Namespace) -> None:
         raise ConfigError(f"--nproc-per-node must be at least 1: {args.nproc_per_node}")
     if not args.grace_period > 0:
         raise ConfigError(f"--grace-period must be > 0 seconds: {args.grace_period:g}")
+    if not 0 < args.deadline < float("inf"):
+        raise ConfigError(f"--deadline must be > 0 seconds: {args.deadline:g}")
     if args.instance_type is not None and not args.instance_type.startswith("ml."):
         raise ConfigError(f"--instance-type must be a SageMaker type like ml.m5.xlarge: "
                           f"{args.instance_type!r}")
@@ -383,11 +409,16 @@ def build_config(argv: Sequence[str], cwd: str) -> Config:
     _check_platform(args, job_name)
     hosts = builder(args.platform).host_names(job_name, args.hosts)
     faults = tuple(parse_fault(text, hosts) for text in args.fault)
+    partition = next((f for f in faults if f.kind == "partition"), None)
+    if partition is not None and args.network == "loopback":
+        raise ConfigError(f"--fault {partition.host}:partition needs --network netns (every host is "
+                          "127.0.0.1 with --network loopback)")
+    run = {"network": args.network, "platform_stop": args.platform_stop == "on", "deadline": args.deadline}
     if args.platform != "sagemaker":
         script, script_args = _plain_script(script_words, cwd)
         return Config(args.platform, hosts, args.nproc_per_node, "", {}, _workdir(args, job_name, cwd),
                       job_name, {}, script, None, faults, args.grace_period, script_args,
-                      args.kubeflow_legacy)
+                      args.kubeflow_legacy, **run)
     hps = parse_hyperparameters_json(args.hyperparameters)
     script_word, from_words = script_hyperparameters(script_words)
     if script_word is not None:
@@ -404,4 +435,4 @@ def build_config(argv: Sequence[str], cwd: str) -> Config:
                           "pip install sagemaker-training")
     return Config(args.platform, hosts, args.nproc_per_node, args.instance_type or DEFAULT_INSTANCE_TYPE,
                   channels, _workdir(args, job_name, cwd), job_name, hps, script, command, faults,
-                  args.grace_period)
+                  args.grace_period, **run)

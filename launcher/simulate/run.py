@@ -1,5 +1,7 @@
 """Running the hosts: start each launcher, stream its output with its name in front, fire the faults,
-forward stop signals, stop the job when a host ends badly, and leave no process behind.
+forward stop signals, stop the job when a host ends badly (unless ``--platform-stop off``) or at the
+deadline, and leave no process behind. With ``--network netns`` each host starts inside its own
+namespaces of a :class:`~launcher.simulate.netns.Lab`.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import IO, Callable, Optional
+from typing import IO, TYPE_CHECKING, Callable, Optional
 
 from launcher import proctree, streams
 from launcher.simulate.config import Config, Fault
 from launcher.simulate.hosts.base import HostSpec
+
+if TYPE_CHECKING:
+    from launcher.simulate.netns import Lab
 
 BACKSTOP_SECONDS = 5.0  # after the grace period: simulate kills a launcher that is still running
 TICK = 0.05
@@ -96,9 +101,11 @@ def _send(pid: int, signum: int) -> bool:
 class Simulation:
     """Starts the hosts, streams their output, fires faults, stops the job, leaves nothing behind."""
 
-    def __init__(self, config: Config, specs: Sequence[HostSpec]) -> None:
+    def __init__(self, config: Config, specs: Sequence[HostSpec], lab: Optional[Lab] = None) -> None:
         self.config = config
         self.specs = list(specs)
+        self.lab = lab  # the hosts' namespaces (--network netns), every host already added
+        self.deadline_hit = False
         self.runs: list[HostRun] = []
         self.lock = threading.Lock()
         self.signals: list[int] = []
@@ -111,7 +118,8 @@ class Simulation:
     def _start_host(self, spec: HostSpec) -> HostRun:
         env = dict(spec.env)
         env[MARKER] = self.marker.partition("=")[2]
-        proc = subprocess.Popen(spec.argv, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
+        argv = self.lab.command(spec.name, spec.argv) if self.lab else spec.argv
+        proc = subprocess.Popen(argv, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         faults = [ArmedFault(f) for f in self.config.faults if f.host == spec.name]
         run = HostRun(spec, proc, time.monotonic(), faults)
@@ -157,6 +165,8 @@ class Simulation:
 
     def _fire(self, run: HostRun, armed: ArmedFault, now: float) -> bool:
         fault = armed.fault
+        if fault.kind != "signal":
+            return self._fire_network_fault(run, armed, now)
         targets = self._targets(run)
         if not targets:
             return False  # the toolkit has not started the launcher yet: try again next tick
@@ -169,6 +179,22 @@ class Simulation:
         armed.fired_at = now
         if fault.signum != signal.SIGKILL:
             run.stopped_by, run.stop_sent = f"{fault.name} by --fault ({fault.meaning()})", now
+        return True
+
+    def _fire_network_fault(self, run: HostRun, armed: ArmedFault, now: float) -> bool:
+        """``partition``: the host's link goes down. ``poweroff``: that, then every process of the host
+        SIGKILLed at once (without a lab, the host's process tree)."""
+        name = run.spec.name
+        if self.lab is None:  # a poweroff (a partition needs namespaces: refused at the start)
+            what = f"SIGKILL to its {proctree.kill_tree([run.proc.pid])} process(es) at once"
+        elif armed.fault.kind == "partition":
+            self.lab.partition(name)
+            what = "its link is down: its packets vanish"
+        else:
+            killed = self.lab.poweroff(name)
+            what = f"link down, SIGKILL to {len(killed)} process(es) at once: {', '.join(map(str, killed))}"
+        log(f"fault: {armed.fault.name} of {name} at {now - self.start:.1f} s ({armed.fault.meaning()}): {what}")
+        armed.fired_at = now
         return True
 
     def _fire_due_faults(self, now: float) -> None:
@@ -207,9 +233,15 @@ class Simulation:
             if failed:
                 what = "was lost" if run.returncode == -signal.SIGKILL else \
                     ("was stopped" if run.stopped_by else f"failed (exit code {run.exit_code})")
-                self.stop_job(signal.SIGTERM, f"{run.spec.name} {what}")
+                if self.config.platform_stop:
+                    self.stop_job(signal.SIGTERM, f"{run.spec.name} {what}")
+                elif not self.deadline_hit and any(r.ended is None for r in self.runs):
+                    log(f"{run.spec.name} {what}; --platform-stop off: the other hosts keep running")
 
     def _enforce_deadlines(self, now: float) -> None:
+        if not self.deadline_hit and now - self.start >= self.config.deadline:
+            self.deadline_hit = True
+            self.stop_job(signal.SIGTERM, f"--deadline of {self.config.deadline:g} s reached")
         limit = self.config.grace_period + BACKSTOP_SECONDS
         for run in self.runs:
             if run.ended is None and run.stop_sent is not None and not run.killed \
@@ -247,8 +279,8 @@ class Simulation:
                 ", ".join(f"{r.spec.name} pid {r.proc.pid}" for r in self.runs))
             self._loop()
         finally:  # also when a host could not be started: nothing of the others may stay
-            leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid],
-                                           marker=self.marker)
+            keep = [watchdog.pid] + ([self.lab.pid] if self.lab else [])  # the lab's holder: closed by its owner
+            leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=keep, marker=self.marker)
             if leftovers:
                 log(f"killed {leftovers} process(es) the hosts left behind")
             for run in self.runs:

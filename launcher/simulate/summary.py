@@ -34,7 +34,8 @@ def outcome_text(run: HostRun, start: float, user_signal: Optional[int]) -> str:
     """What happened to the host, in words."""
     armed = run.fired()
     if armed is not None:
-        verb = "lost" if armed.fault.signum == signal.SIGKILL else "stopped"
+        verb = "partitioned" if armed.fault.kind == "partition" else \
+            ("lost" if armed.fault.kind == "poweroff" or armed.fault.signum == signal.SIGKILL else "stopped")
         text = (f"{verb}: {armed.fault.name} by --fault at {armed.fired_at - start:.1f} s "
                 f"({armed.fault.meaning()})")
     elif run.stopped_by is not None:
@@ -67,6 +68,8 @@ def job_report(sim: Simulation) -> dict[str, Any]:
     last = max(h["ended"] for h in hosts)
     return {"job_name": sim.config.job_name, "platform": sim.config.platform, "workdir": sim.config.workdir,
             "toolkit": bool(sim.config.toolkit), "hosts": hosts,
+            "network": sim.config.network, "network_note": sim.config.network_note,
+            "platform_stop": sim.config.platform_stop, "deadline_reached": sim.deadline_hit,
             "exit_code": hosts[nonzero[0][1]]["exit_code"] if nonzero else 0,
             "first_failure": first["host"] if first else None,
             "death_to_last_exit": round(last - first["ended"], 3) if first else None,
@@ -92,5 +95,10 @@ def format_summary(report: Mapping[str, Any]) -> str:
     if report["first_failure"]:
         lines.append(f"first to end badly: {report['first_failure']}; the last host exited "
                      f"{report['death_to_last_exit']:.1f} s after it")
+    if report["deadline_reached"]:
+        lines.append("the --deadline was reached: simulate stopped every host still running")
+    if report["network"] != "netns":
+        lines.append(f"network loopback: every host was 127.0.0.1"
+                     f"{' (' + report['network_note'] + ')' if report['network_note'] else ''}")
     lines.append(f"exit code {report['exit_code']}; everything is in {report['workdir']} ({report['note']})")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from launcher.errors import ConfigError
+from launcher.simulate import netns
 
 if TYPE_CHECKING:
     from launcher.simulate.config import Config
@@ -41,7 +42,8 @@ class HostSpec:
     """One simulated host: its name, its directory, exactly how it is started, and where it reports.
 
     ``on_start`` runs right after the host's process started (a platform that fills a file in as
-    its nodes come up writes it there).
+    its nodes come up writes it there). ``aliases`` are the host's other names (``--network netns``
+    maps them to its address too).
     """
 
     name: str
@@ -52,6 +54,17 @@ class HostSpec:
     model_dir: Optional[str] = None
     failure_file: Optional[str] = None
     on_start: Optional[Callable[[], None]] = None
+    aliases: tuple[str, ...] = ()
+
+
+def in_namespaces(config: Config) -> bool:
+    """True when every host has its own network namespace (``--network netns``)."""
+    return config.network == "netns"
+
+
+def host_address(config: Config, index: int) -> str:
+    """Host ``index``'s address: its own on the lab's bridge with ``--network netns``, else 127.0.0.1."""
+    return netns.host_address(index) if in_namespaces(config) else ADDRESS
 
 
 def write_json(path: str, data: Any) -> None:
@@ -86,7 +99,8 @@ def job_environment(environ: Mapping[str, str], grace_period: float,
     """What every non-SageMaker host starts with: the caller's variables, this repository's launcher
     importable, and what the job spec's ``env`` would carry for a run on one machine.
 
-    ``names`` are host names the machine cannot resolve: ``LAUNCHER_RESOLVE`` maps them to 127.0.0.1.
+    ``names`` are host names the machine cannot resolve: ``LAUNCHER_RESOLVE`` maps them to 127.0.0.1
+    (none with ``--network netns``: each host's ``/etc/hosts`` knows every name).
     ``PYTHONUNBUFFERED=1`` keeps the live prefixes live (Kubeflow sets it on every pod itself).
     """
     env = caller_environment(environ)
@@ -109,17 +123,19 @@ def plain_hosts(config: Config, environ: Mapping[str, str],
 
     Each host ``i`` gets its own directory ``DIR/<name>`` (its working directory), the common job
     environment (:func:`job_environment`) and the platform's ``variables(i, its directory)``;
-    ``on_start(i)``, if given, is what happens when host ``i`` has started.
+    ``on_start(i)``, if given, is what happens when host ``i`` has started. ``resolve`` are the names
+    the hosts are reached by; a name ``<host>.<domain>`` is one of that host's aliases.
     """
     def write() -> list[HostSpec]:
-        common = job_environment(environ, config.grace_period, resolve)
+        common = job_environment(environ, config.grace_period, () if in_namespaces(config) else resolve)
         argv = launcher_argv(config.script, config.script_args)
         specs = []
         for i, name in enumerate(config.hosts):
             base = os.path.join(config.workdir, name)
             os.makedirs(base)
+            aliases = tuple(n for n in resolve if n.startswith(name + "."))
             specs.append(HostSpec(name, base, argv, base, {**common, **variables(i, base)},
-                                  on_start=on_start(i) if on_start else None))
+                                  on_start=on_start(i) if on_start else None, aliases=aliases))
         return specs
     return make_workdir(config.workdir, write)
 

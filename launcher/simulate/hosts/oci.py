@@ -17,11 +17,11 @@ OCI gives no port and no process count: ``LAUNCHER_MASTER_PORT`` (a free port) a
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional
 
 from launcher.simulate.config import Config
-from launcher.simulate.hosts.base import ADDRESS, HostSpec, plain_hosts, write_json_atomically
+from launcher.simulate.hosts.base import ADDRESS, HostSpec, host_address, plain_hosts, write_json_atomically
 
 NAME = "oci"
 SUMMARY_NOTE = "each node's files stay in its directory"
@@ -50,9 +50,10 @@ def node_variables(job_name: str, count: int, index: int, metadata_file: str, po
     return env
 
 
-def metadata(started: list[int]) -> list[dict[str, Any]]:
-    """The metadata file's content once the nodes ``started`` are up, in the order they came up."""
-    return [{"Rank": rank, "IPAddress": ADDRESS} for rank in started]
+def metadata(started: list[int], addresses: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The metadata file's content once the nodes ``started`` are up, in the order they came up;
+    ``addresses[rank]`` is a node's address (default 127.0.0.1)."""
+    return [{"Rank": rank, "IPAddress": addresses[rank] if addresses else ADDRESS} for rank in started]
 
 
 def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
@@ -60,6 +61,7 @@ def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[Ho
     count = len(config.hosts)
     files = [os.path.join(config.workdir, name, METADATA_FILE) for name in config.hosts]
     started: list[int] = []
+    addresses = [host_address(config, i) for i in range(count)]
 
     def variables(index: int, _base: str) -> dict[str, str]:
         return node_variables(config.job_name, count, index, files[index], port, config.nproc_per_node)
@@ -68,6 +70,6 @@ def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[Ho
         def node_up() -> None:
             started.append(index)
             for path in files:
-                write_json_atomically(path, metadata(started))
+                write_json_atomically(path, metadata(started, addresses))
         return node_up
     return plain_hosts(config, environ, variables, resolve=config.hosts, on_start=on_start)

@@ -23,7 +23,8 @@ bind-mounts the job's hosts file (every node at 127.0.0.1, then this machine's `
 without it, glibc would ask the DNS server), and ``exec``\\ s the launcher, so the host's PID is the
 launcher's. Where neither is permitted, ``--platform pbs`` is refused (exit 2) before anything is
 written. The network is the machine's; ``LAUNCHER_RESOLVE`` maps every node to 127.0.0.1 as on the
-other platforms.
+other platforms. With ``--network netns`` none of this is needed: simulate's lab gives every node its
+own network, host name and ``/etc/hosts`` (:mod:`launcher.simulate.netns`).
 
 PBS gives no rendezvous port (the launcher derives one from the job id) and no process count:
 ``LAUNCHER_MASTER_PORT`` (a free port) and, with ``--nproc-per-node``, ``LAUNCHER_NPROC_PER_NODE``
@@ -41,7 +42,7 @@ from typing import Optional
 
 from launcher.errors import ConfigError
 from launcher.simulate.config import Config
-from launcher.simulate.hosts.base import ADDRESS, HostSpec, plain_hosts
+from launcher.simulate.hosts.base import ADDRESS, HostSpec, in_namespaces, plain_hosts
 from launcher.simulate.hosts.slurm import job_id
 
 NAME = "pbs"
@@ -120,7 +121,7 @@ def _machine_hosts() -> str:
 
 def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
     """Write the job's node file and each node's directory; each runs under its own host name."""
-    command = namespace_command()
+    command = () if in_namespaces(config) else namespace_command()
     count, submit_dir, slots = len(config.hosts), os.getcwd(), config.nproc_per_node or 1
     aux = os.path.join(config.workdir, "aux")
     node_file, hosts_file = os.path.join(aux, job_identifier(config.job_name)), os.path.join(aux, "hosts")
@@ -135,4 +136,6 @@ def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[Ho
         return node_variables(config.job_name, count, index, node_file, slots, port, config.nproc_per_node,
                               submit_dir)
     specs = plain_hosts(config, environ, variables, resolve=config.hosts)
+    if in_namespaces(config):  # the lab already makes each node a host of its own
+        return specs
     return [dataclasses.replace(spec, argv=host_argv(command, spec.name, hosts_file, spec.argv)) for spec in specs]

@@ -16,9 +16,11 @@ from typing import Any
 
 from launcher.platforms.sagemaker import bundle, hyperparameters
 from launcher.simulate.config import Config
-from launcher.simulate.hosts.base import HostSpec, caller_environment, make_workdir, write_json
+from launcher.simulate.hosts.base import HostSpec, caller_environment, in_namespaces, make_workdir, write_json
 from launcher.simulate.hosts.sagemaker_env import estimator_environment, host_environment
 from launcher.simulate.hosts.sagemaker_files import (
+    INTERFACE,
+    NETNS_INTERFACE,
     checkpoint_config,
     encode_hyperparameters,
     input_data_config,
@@ -53,7 +55,8 @@ def _host_tree(config: Config, host: str, submit: str) -> tuple[str, dict[str, A
         os.makedirs(os.path.join(base, sub))
     raw = encode_hyperparameters({**config.user_hyperparameters,
                                   **sdk_entries(config.job_name, submit, bundle.ENTRY_POINT)})
-    files = {"resource": resource_config(config.hosts, host, config.instance_type),
+    interface = NETNS_INTERFACE if in_namespaces(config) else INTERFACE
+    files = {"resource": resource_config(config.hosts, host, config.instance_type, interface),
              "data": input_data_config(config.channels), "hps": raw}
     conf = os.path.join(base, "input", "config")
     write_json(os.path.join(conf, "resourceconfig.json"), files["resource"])

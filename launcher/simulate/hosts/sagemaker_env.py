@@ -12,7 +12,7 @@ from typing import Any
 
 from launcher.platforms.sagemaker import bundle, hyperparameters
 from launcher.simulate.config import Config
-from launcher.simulate.hosts.base import ADDRESS
+from launcher.simulate.hosts.base import ADDRESS, in_namespaces
 from launcher.simulate.hosts.sagemaker_files import GROUP, LOG_LEVEL, REGION
 
 # sagemaker_training.params.SAGEMAKER_HYPERPARAMETERS and the flags that make a group distributed.
@@ -121,11 +121,13 @@ def toolkit_env(base: str, resource: Mapping[str, Any], data_config: Mapping[str
 
 
 def estimator_environment(config: Config, port: int) -> dict[str, str]:
-    """What a user would pass as the estimator's ``environment=`` for a local run of N hosts."""
-    env = {"LAUNCHER_RESOLVE": ",".join(f"{h}={ADDRESS}" for h in config.hosts),
-           "LAUNCHER_MASTER_PORT": str(port),
+    """What a user would pass as the estimator's ``environment=`` for a local run of N hosts
+    (no ``LAUNCHER_RESOLVE`` with ``--network netns``: each host's ``/etc/hosts`` knows the names)."""
+    env = {"LAUNCHER_MASTER_PORT": str(port),
            "LAUNCHER_GRACE_PERIOD": f"{config.grace_period:g}",
            "PYTHONUNBUFFERED": "1"}  # AWS's framework containers set it too
+    if not in_namespaces(config):
+        env["LAUNCHER_RESOLVE"] = ",".join(f"{h}={ADDRESS}" for h in config.hosts)
     if config.nproc_per_node is not None:
         env["LAUNCHER_NPROC_PER_NODE"] = str(config.nproc_per_node)
     return env
@@ -137,8 +139,9 @@ def host_environment(config: Config, base: str, files: Mapping[str, Any], submit
     env = dict(common)
     env.update({"SAGEMAKER_BASE_DIR": base, "TRAINING_JOB_NAME": config.job_name})
     if config.toolkit:  # the toolkit computes SM_* itself from the tree
-        env.update({"SAGEMAKER_PROGRAM": bundle.ENTRY_POINT, "SAGEMAKER_SUBMIT_DIRECTORY": submit,
-                    "SM_STUDIO_LOCAL_MODE": "true"})  # skip its DNS wait for algo-* names
+        env.update({"SAGEMAKER_PROGRAM": bundle.ENTRY_POINT, "SAGEMAKER_SUBMIT_DIRECTORY": submit})
+        if not in_namespaces(config):  # algo-* do not resolve: skip the toolkit's DNS wait
+            env["SM_STUDIO_LOCAL_MODE"] = "true"
         return env
     env.update(toolkit_env(base, files["resource"], files["data"], files["hps"], config.job_name))
     env.update({"CURRENT_HOST": files["resource"]["current_host"],

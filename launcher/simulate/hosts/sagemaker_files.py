@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 GROUP = "homogeneousCluster"
-INTERFACE = "lo"
+INTERFACE = "lo"  # every host is 127.0.0.1 (--network loopback)
+NETNS_INTERFACE = "eth0"  # a host's own interface on the bridge (--network netns), as on SageMaker
 REGION = "us-east-1"
 LOG_LEVEL = 20  # logging.INFO, the SDK's default container_log_level
 
@@ -25,14 +26,15 @@ def encode_hyperparameters(decoded: Mapping[str, Any]) -> dict[str, str]:
     return {str(key): json.dumps(value) for key, value in decoded.items()}
 
 
-def resource_config(hosts: Sequence[str], current: str, instance_type: str) -> dict[str, Any]:
+def resource_config(hosts: Sequence[str], current: str, instance_type: str,
+                    interface: str = INTERFACE) -> dict[str, Any]:
     """``resourceconfig.json``: ``hosts`` sorted; the group's list unsorted (current host first)."""
     group_hosts = [current] + [h for h in hosts if h != current]
     return {"current_host": current, "current_instance_type": instance_type,
             "current_group_name": GROUP, "hosts": sorted(hosts),
             "instance_groups": [{"instance_group_name": GROUP, "instance_type": instance_type,
                                  "hosts": group_hosts}],
-            "network_interface_name": INTERFACE}
+            "network_interface_name": interface}
 
 
 def input_data_config(channels: Mapping[str, str]) -> dict[str, Any]:
