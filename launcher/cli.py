@@ -135,7 +135,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
     The run directory (made by :func:`make_run_dir`) is removed at the end, or by the watchdog
     after it killed the job if the launcher itself is killed.
     """
-    from launcher import failure, proctree  # not needed by --dry-run: imported here to keep start-up short
+    from launcher import failure, jobwatch, proctree  # not needed by --dry-run: imported here for a short start-up
     from launcher.supervise import supervise
 
     c = p.cluster
@@ -154,18 +154,24 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
     watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
+    watch = None
     try:
         watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
         watchdog.remove_dir(p.launch.run_dir)
         options = p.invocation.options
-        outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts)
+        watch = jobwatch.for_cluster(c, options, log)
+        outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch)
         cause = failure.find_root_cause(outcome, p.launch)
         code = failure.exit_code(outcome, cause)
+        limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
+        report = ""
         if code != 0:
             rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "
                           f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
-            limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
             report = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
+        if watch is not None:  # the job's root cause first, its exit code, wherever it happened
+            code, report = jobwatch.conclude(watch, c.current_host, outcome, cause, code, report)
+        if code != 0:
             notes = []
             path = p.choice.platform.report_path(environ)
             if path is not None:
@@ -177,6 +183,8 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             log("stopped by a signal; every worker finished cleanly")
         return code
     finally:
+        if watch is not None:
+            watch.close()
         import shutil  # only at the end
 
         shutil.rmtree(p.launch.run_dir, ignore_errors=True)
