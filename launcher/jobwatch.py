@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import selectors
 import socket
@@ -252,12 +253,14 @@ class Watch:
             with self.cond:
                 if self.closing:
                     return
+            # Taken before reading: a process paused between a read and this check (SIGSTOP) reads
+            # what came meanwhile before it can judge anyone silent.
+            now = time.monotonic()
             for key, _mask in self.selector.select(timeout=0.1):
                 if key.data is None:
                     self._accept(key.fileobj)
                 else:
                     self._read(key.data)
-            now = time.monotonic()
             for peer in list(self.peers.values()):
                 if peer.node is None and now - peer.heard > HANDSHAKE_TIMEOUT:
                     self._gone(peer, "no hello")
@@ -303,15 +306,20 @@ class Hub(Watch):
     """Node 0: accepts the other launchers, relays failures and losses, outlives the job's end."""
 
     def __init__(self, port: int, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
-        if socket.has_dualstack_ipv6():
+        if socket.has_dualstack_ipv6():  # every interface: the master address is one of them
             self.listener = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
         else:
             self.listener = socket.create_server(("", port))
+        super().__init__(*args)  # type: ignore[arg-type]
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ, None)
         self.states: dict[int, str] = {}  # node -> running, done, failed, lost
         self.own: Optional[dict] = None  # this host's failure, to tell the clients
+
+    def close(self) -> None:
+        """End the loop thread, close every socket and stop listening."""
+        super().close()
+        self.listener.close()
 
     def _accept(self, listener: object) -> None:
         try:
@@ -461,7 +469,7 @@ def start(node: int, host: str, nnodes: int, master: str, port: int, timeout: fl
         watch: Watch = (Hub(port, node, host, nnodes, timeout, log) if node == 0 else
                         Client(master, port, time.monotonic() + connect_for, node, host, nnodes, timeout, log))
     except OSError as exc:
-        log(f"job watch off: cannot listen on port {port}: {exc.strerror or exc}")
+        log(f"job watch off: cannot listen on port {port}: {os.strerror(exc.errno) if exc.errno else exc}")
         return None
     if node == 0:
         log(f"job watch: hub on port {port}")

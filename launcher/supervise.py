@@ -136,6 +136,8 @@ class _StopSignals:
             if self.proc is not None and self.proc.poll() is not None:
                 return  # torchrun has ended: nothing to stop, and its outcome is its own
             deadline = time.monotonic() + min(grace_period, self.grace_period)
+            if self.proc is not None and not proctree.children_of(self.proc.pid):
+                deadline = time.monotonic()  # no worker left: only torchrun's own shutdown would be waited for
             if self.signal is None:
                 self.log(why)
                 self.signal, self.deadline = signal.SIGTERM, deadline
