@@ -13,7 +13,9 @@ and its arguments untouched. What it would start, and why, is printed by --dry-r
 
 Exit codes: 0 when every worker succeeded; else the root-cause worker's own exit code, 128+N when
 it died of signal N, 128+N when the launcher was stopped by signal N and the workers did not finish
-cleanly, 2 for bad input (nothing is started then).
+cleanly, 2 for bad input (nothing is started then). With several nodes the launchers watch each
+other (launcher/jobwatch.py): when another host's workers fail, every host exits with that root
+cause's code and its report starts with it; a lost host (silent, or gone without a word) gives 137.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
     The run directory (made by :func:`make_run_dir`) is removed at the end, or by the watchdog
     after it killed the job if the launcher itself is killed.
     """
-    from launcher import failure, jobwatch, proctree  # not needed by --dry-run: imported here for a short start-up
+    from launcher import failure, proctree  # not needed by --dry-run: imported here to keep start-up short
     from launcher.supervise import supervise
 
     c = p.cluster
@@ -159,7 +161,10 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
         watchdog.remove_dir(p.launch.run_dir)
         options = p.invocation.options
-        watch = jobwatch.for_cluster(c, options, log)
+        if c.nnodes > 1 and not options.no_job_watch:
+            from launcher import jobwatch  # several nodes only
+
+            watch = jobwatch.for_cluster(c, options, log)
         outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch)
         cause = failure.find_root_cause(outcome, p.launch)
         code = failure.exit_code(outcome, cause)
@@ -170,7 +175,9 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
                           f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
             report = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
         if watch is not None:  # the job's root cause first, its exit code, wherever it happened
-            code, report = jobwatch.conclude(watch, c.current_host, outcome, cause, code, report)
+            from launcher.jobwatch import conclude
+
+            code, report = conclude(watch, c.current_host, outcome, cause, code, report)
         if code != 0:
             notes = []
             path = p.choice.platform.report_path(environ)

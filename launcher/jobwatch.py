@@ -478,9 +478,7 @@ def start(node: int, host: str, nnodes: int, master: str, port: int, timeout: fl
 
 
 def for_cluster(cluster: Cluster, options: Options, log: Callable[[str], None]) -> Optional[Watch]:
-    """The watch of this host's launcher; None for one node, with ``--no-job-watch``, or if it cannot listen."""
-    if cluster.nnodes < 2 or options.no_job_watch:
-        return None
+    """The watch of this host's launcher (several nodes); None if the hub cannot listen (logged)."""
     port = watch_port(master_port(cluster, options), options.watch_port)
     return start(cluster.node_rank, cluster.current_host, cluster.nnodes,
                  address_of(cluster.master_addr or "", options.resolve), port, options.heartbeat_timeout,
