@@ -123,6 +123,7 @@ class _StopSignals:
         self.proc: Optional[subprocess.Popen] = None
         self.workers: Optional[list[int]] = None
         self.deadline_grace = grace_period  # the grace period the deadline was set with
+        self.requested = False  # a stop the launcher decided (request): no need to wait for torchrun's shutdown
         self.lock = threading.RLock()  # the signal handler (main thread) and request (the job watch's)
 
     def __call__(self, signum: int, _frame: object = None) -> None:
@@ -138,6 +139,7 @@ class _StopSignals:
             deadline = time.monotonic() + min(grace_period, self.grace_period)
             if self.proc is not None and not proctree.children_of(self.proc.pid):
                 deadline = time.monotonic()  # no worker left: only torchrun's own shutdown would be waited for
+            self.requested = True
             if self.signal is None:
                 self.log(why)
                 self.signal, self.deadline = signal.SIGTERM, deadline
@@ -239,6 +241,11 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
             pass
         proctree.reap_orphans(keep)
         if killed:
+            continue
+        if stop.requested and not proctree.children_of(proc.pid):
+            log("the workers have ended: killing torchrun (its own shutdown would only delay the end)")
+            proctree.kill_tree([proc.pid])
+            killed = True
             continue
         if stop.workers is not None and not resumed:
             # Frozen, torchrun copies no worker output (--tee): what the workers print now shows late.
