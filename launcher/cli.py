@@ -13,7 +13,9 @@ and its arguments untouched. What it would start, and why, is printed by --dry-r
 
 Exit codes: 0 when every worker succeeded; else the root-cause worker's own exit code, 128+N when
 it died of signal N, 128+N when the launcher was stopped by signal N and the workers did not finish
-cleanly, 2 for bad input (nothing is started then).
+cleanly, 2 for bad input (nothing is started then). With several nodes the launchers watch each
+other (launcher/jobwatch.py): when another host's workers fail, every host exits with that root
+cause's code and its report starts with it; a lost host (silent, or gone without a word) gives 137.
 """
 
 from __future__ import annotations
@@ -154,18 +156,29 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
     watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
+    watch = None
     try:
         watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
         watchdog.remove_dir(p.launch.run_dir)
         options = p.invocation.options
-        outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts)
+        if c.nnodes > 1 and not options.no_job_watch:
+            from launcher import jobwatch  # several nodes only
+
+            watch = jobwatch.for_cluster(c, options, log)
+        outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch)
         cause = failure.find_root_cause(outcome, p.launch)
         code = failure.exit_code(outcome, cause)
+        limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
+        report = ""
         if code != 0:
             rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "
                           f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
-            limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
             report = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
+        if watch is not None:  # the job's root cause first, its exit code, wherever it happened
+            from launcher.jobwatch import conclude
+
+            code, report = conclude(watch, c.current_host, outcome, cause, code, report)
+        if code != 0:
             notes = []
             path = p.choice.platform.report_path(environ)
             if path is not None:
@@ -177,6 +190,8 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             log("stopped by a signal; every worker finished cleanly")
         return code
     finally:
+        if watch is not None:
+            watch.close()
         import shutil  # only at the end
 
         shutil.rmtree(p.launch.run_dir, ignore_errors=True)

@@ -42,6 +42,7 @@ ENV_PREFIX = "LAUNCHER_"
 MAX_NPROC = 1024  # more processes than any machine has cores or devices: a typo, not a plan
 MAX_SECONDS = 86400  # a day: the longest grace period or rendezvous timeout that is not a typo
 MAX_RESTARTS = 100
+MIN_HEARTBEAT_TIMEOUT = 1.5  # heartbeats come every second (every third of the timeout below 3 s)
 SCRIPT_KEYS = ("--train-script", "--train_script")
 SAGEMAKER_PREFIXES = ("--launcher-", "--launcher_")  # the SageMaker form's keys for the other options
 _TRUE = {"true", "1", "yes"}
@@ -60,6 +61,13 @@ def _whole_number(low: int, high: int) -> Callable[[str], int]:
 def _seconds(text: str) -> float:
     value = float(text)
     if not 0 < value <= MAX_SECONDS:  # also refuses nan and inf
+        raise ValueError
+    return value
+
+
+def _heartbeat(text: str) -> float:
+    value = _seconds(text)
+    if value < MIN_HEARTBEAT_TIMEOUT:  # heartbeats come every second: less would lose healthy hosts
         raise ValueError
     return value
 
@@ -127,6 +135,12 @@ SPECS: tuple[Spec, ...] = (
     Spec("grace_period", _seconds, None, f"seconds > 0, at most {MAX_SECONDS}",
          "after a stop signal, how long workers may take before the whole tree is killed; default "
          "inside the platform's own kill window (SageMaker 90, elsewhere 25)", metavar="SECONDS"),
+    Spec("watch_port", _whole_number(1, 65535), None, "a port 1-65535",
+         "port of the job watch on the first host (the launchers' heartbeats; a failed or silent host "
+         "stops the job everywhere); default the rendezvous port + 1", metavar="PORT"),
+    Spec("heartbeat_timeout", _heartbeat, 3, f"seconds {MIN_HEARTBEAT_TIMEOUT:g}-{MAX_SECONDS}",
+         "the job watch: a host not heard from for this long is lost", metavar="SECONDS"),
+    Spec("no_job_watch", parse_bool, False, "true or false", "turn the job watch off"),
     Spec("resolve", parse_resolve, {}, "HOST=ADDR[,HOST=ADDR...]",
          "addresses for host names this machine cannot resolve (simulated hosts; /etc/hosts is never "
          "touched)", metavar="HOST=ADDR,..."),
@@ -147,6 +161,9 @@ class Options(NamedTuple):
     rdzv_timeout: int
     max_restarts: int
     grace_period: Optional[float]
+    watch_port: Optional[int]
+    heartbeat_timeout: float
+    no_job_watch: bool
     resolve: dict
     dry_run: bool
     json: bool

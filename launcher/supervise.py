@@ -12,6 +12,8 @@
 - After the grace period the whole tree is killed. Once torchrun has exited, anything it left
   behind is killed too; the launcher is a child subreaper, so orphans come back to it, and their
   zombies are collected while the job runs.
+- The job watch (:mod:`launcher.jobwatch`) may ask for a stop when another host failed: the same
+  path as SIGTERM, with a shorter grace period.
 - A :class:`~launcher.proctree.Watchdog` kills the tree (and everything with the job's marker) if
   the launcher itself is killed.
 """
@@ -27,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO, Callable, NamedTuple, Optional
+from typing import IO, Callable, NamedTuple, Optional, Protocol
 
 from launcher import proctree
 from launcher.command import Launch
@@ -39,6 +41,12 @@ PUMP_CHUNK = 65536
 PUMP_GATHER = 0.001  # seconds to wait after a short read
 TICK = 0.5
 STOPPING_TICK = 0.1  # while frozen torchrun's workers end
+
+
+class JobWatch(Protocol):
+    """What supervise needs of the job watch: to hand it the stop hook, and take it back (None)."""
+
+    def attach(self, request: Optional[Callable[[float, str], None]]) -> None: ...
 
 
 class Outcome(NamedTuple):
@@ -114,8 +122,33 @@ class _StopSignals:
         self.deadline: Optional[float] = None
         self.proc: Optional[subprocess.Popen] = None
         self.workers: Optional[list[int]] = None
+        self.deadline_grace = grace_period  # the grace period the deadline was set with
+        self.requested = False  # a stop the launcher decided (request): no need to wait for torchrun's shutdown
+        self.lock = threading.RLock()  # the signal handler (main thread) and request (the job watch's)
 
     def __call__(self, signum: int, _frame: object = None) -> None:
+        with self.lock:
+            self._forward(signum)
+
+    def request(self, grace_period: float, why: str) -> None:
+        """A stop the launcher itself decided (the job watch: another host failed): SIGTERM to the
+        workers, everything killed after ``grace_period`` (at most the configured one). Any thread."""
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is not None:
+                return  # torchrun has ended: nothing to stop, and its outcome is its own
+            deadline = time.monotonic() + min(grace_period, self.grace_period)
+            if self.proc is not None and not proctree.children_of(self.proc.pid):
+                deadline = time.monotonic()  # no worker left: only torchrun's own shutdown would be waited for
+            self.requested = True
+            if self.signal is None:
+                self.log(why)
+                self.signal, self.deadline = signal.SIGTERM, deadline
+                self.deadline_grace = min(grace_period, self.grace_period)
+            elif self.deadline is not None:
+                self.deadline = min(self.deadline, deadline)
+            self._forward(self.signal)
+
+    def _forward(self, signum: int) -> None:
         if self.signal is None:
             self.signal = signum
             self.deadline = time.monotonic() + self.grace_period
@@ -150,15 +183,18 @@ def _workers_ended(workers: Sequence[int]) -> Optional[bool]:
 
 
 def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, log: Callable[[str], None],
-              watchdog: proctree.Watchdog, max_restarts: int = 0) -> Outcome:
+              watchdog: proctree.Watchdog, max_restarts: int = 0, watch: Optional[JobWatch] = None) -> Outcome:
     """Run the launch to its end and return how it ended. Blocks; installs signal handlers.
 
-    ``watchdog`` (forked before this is called) is told to guard torchrun's tree.
+    ``watchdog`` (forked before this is called) is told to guard torchrun's tree. ``watch`` (the job
+    watch, :mod:`launcher.jobwatch`) gets the stop hook while torchrun runs.
     """
     os.makedirs(launch.log_dir, exist_ok=True)
     proctree.become_subreaper()
     stop = _StopSignals(grace_period, log, freeze=max_restarts > 0)
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    if watch is not None:
+        watch.attach(stop.request)
     tail = StderrTail()
     try:
         proc = subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
@@ -172,13 +208,15 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
                  threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, tail), daemon=True)]
         for pump in pumps:
             pump.start()
-        returncode, after_grace = _wait(proc, stop, log, grace_period, keep=[proc.pid, watchdog.pid])
+        returncode, after_grace = _wait(proc, stop, log, keep=[proc.pid, watchdog.pid])
         leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
         if leftovers:
             log(f"killed {leftovers} process(es) torchrun left behind")
         for pump in pumps:
             pump.join(timeout=5)
     finally:
+        if watch is not None:
+            watch.attach(None)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         proctree.reap_orphans([watchdog.pid])
@@ -186,7 +224,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
                    stderr_tail=tail.lines())
 
 
-def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None], grace_period: float,
+def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None],
           keep: Sequence[int]) -> tuple[int, bool]:
     """Wait for torchrun; reap orphans, settle a frozen torchrun, enforce the grace period.
 
@@ -204,6 +242,11 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
         proctree.reap_orphans(keep)
         if killed:
             continue
+        if stop.requested and not proctree.children_of(proc.pid):
+            log("the workers have ended: killing torchrun (its own shutdown would only delay the end)")
+            proctree.kill_tree([proc.pid])
+            killed = True
+            continue
         if stop.workers is not None and not resumed:
             # Frozen, torchrun copies no worker output (--tee): what the workers print now shows late.
             clean = _workers_ended(stop.workers)
@@ -215,6 +258,6 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
                 proctree.kill_tree([proc.pid])
                 killed = True
         if not killed and deadline is not None and time.monotonic() >= deadline:
-            log(f"grace period of {grace_period:g} s is over: killing the job's processes")
+            log(f"grace period of {stop.deadline_grace:g} s is over: killing the job's processes")
             proctree.kill_tree([proc.pid])
             killed = after_grace = True
