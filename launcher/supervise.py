@@ -2,6 +2,8 @@
 
 - torchrun runs in a session of its own, so a terminal's Ctrl-C reaches only the launcher, which
   decides what the job gets.
+- SIGUSR1 and SIGUSR2 are forwarded to the workers and stop nothing (SLURM's ``--signal=USR1@60``);
+  torchrun and the workers start with them ignored, so only a worker that handles them sees them.
 - SIGTERM, SIGINT and SIGHUP are forwarded to the workers themselves (torchrun's children). A
   worker that saves a checkpoint and exits 0 then ends the job cleanly, because torchrun sees its
   workers succeed; had torchrun been signalled, it would report a failure whatever they did.
@@ -35,6 +37,10 @@ from launcher import proctree
 from launcher.command import Launch
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Signals that ask the workers for something without stopping the job (SLURM's --signal=USR1@60: "the
+# time limit is near, checkpoint"). torchrun handles neither, and their default action would kill it,
+# so torchrun and the workers start with them ignored; a worker that installs a handler gets them.
+FORWARD_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
 STDERR_TAIL_LINES = 400
 STDERR_TAIL_LINE_BYTES = 2048
 PUMP_CHUNK = 65536
@@ -148,6 +154,16 @@ class _StopSignals:
                 self.deadline = min(self.deadline, deadline)
             self._forward(self.signal)
 
+    def relay(self, signum: int, _frame: object = None) -> None:
+        """Signal handler for :data:`FORWARD_ONLY`: pass the signal to the workers; no stop, no deadline."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        workers = proctree.children_of(self.proc.pid)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        self.log(f"received {signal.Signals(signum).name}: forwarded it to {len(workers)} worker(s)")
+
     def _forward(self, signum: int) -> None:
         if self.signal is None:
             self.signal = signum
@@ -193,6 +209,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
     proctree.become_subreaper()
     stop = _StopSignals(grace_period, log, freeze=max_restarts > 0)
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    previous.update({sig: signal.signal(sig, signal.SIG_IGN) for sig in FORWARD_ONLY})  # inherited by torchrun
     if watch is not None:
         watch.attach(stop.request)
     tail = StderrTail()
@@ -200,6 +217,8 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         proc = subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         stop.proc = proc
+        for sig in FORWARD_ONLY:
+            signal.signal(sig, stop.relay)
         watchdog.guard(proc.pid)
         log(f"torchrun started as pid {proc.pid}")
         if stop.signal is not None:  # arrived while starting

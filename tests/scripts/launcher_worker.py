@@ -6,7 +6,7 @@ parameters) to ``$WORKER_RECORD_DIR``. Options make it fail on purpose:
 ``--self-signal SIG --fail-rank R`` kills rank R with a signal; ``--steps N --step-sleep S`` makes it
 run long enough to be stopped; SIGTERM is recorded in the record file and, with ``--clean-stop``,
 ends the loop at the same step on every rank (a MIN all_reduce: once all have it) with exit 0 (the
-default re-raises it: the process dies of SIGTERM).
+default re-raises it: the process dies of SIGTERM). ``--note-usr1`` records SIGUSR1 and goes on.
 """
 
 import argparse
@@ -42,6 +42,7 @@ def main():
     parser.add_argument("--fail-rank", type=int, default=0)
     parser.add_argument("--fail-at-step", type=int, default=0)
     parser.add_argument("--clean-stop", action="store_true")
+    parser.add_argument("--note-usr1", action="store_true", help="record SIGUSR1 and go on (SLURM's --signal)")
     args, unknown = parser.parse_known_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -57,7 +58,13 @@ def main():
         write_record(out, facts)
         STOP["signal"] = signum
 
+    def on_note(signum, _frame):
+        facts["signals"].append(signal.Signals(signum).name)
+        write_record(out, facts)
+
     signal.signal(signal.SIGTERM, on_term)
+    if args.note_usr1:
+        signal.signal(signal.SIGUSR1, on_note)
     dist.init_process_group("gloo")
     torch.manual_seed(rank)  # different data per rank; DDP keeps the parameters identical
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
