@@ -29,7 +29,7 @@ from typing import NamedTuple, Optional
 
 from launcher import platforms, streams
 from launcher.cluster import Cluster
-from launcher.command import Launch, build_launch, master_port
+from launcher.command import Launch, build_launch, master_port, watch_port
 from launcher.errors import ConfigError, shown
 from launcher.options import Invocation, help_text, parse_invocation
 
@@ -107,6 +107,15 @@ def make_run_dir(path: str) -> None:
                           f"{exc.strerror or exc}"[:300]) from None
 
 
+def _watch_line(p: Plan) -> str:
+    options = p.invocation.options
+    if options.no_job_watch:
+        return "off (--no-job-watch): a failed or lost host does not stop the others"
+    port = watch_port(p.cluster, options)
+    where = f"listens on port {port}" if p.cluster.node_rank == 0 else f"connects to {p.cluster.master_addr}:{port}"
+    return f"this host {where}; a host that fails or is silent for {options.heartbeat_timeout:g} s stops every host"
+
+
 def describe(p: Plan, as_json: bool) -> str:
     """The dry run's text: platform and why, evidence, cluster, torchrun argv, environment changes."""
     c = p.cluster
@@ -127,6 +136,7 @@ def describe(p: Plan, as_json: bool) -> str:
              *_block("env", [f"{k}={v}" for k, v in p.launch.env_changes.items()]),
              *_block("removed", [f"{k} (inherited; torchrun would read it)" for k in p.launch.env_removed]),
              f"stop:      grace period {p.grace_period:g} s after SIGTERM/SIGINT/SIGHUP",
+             *_block("watch", [_watch_line(p)] if c.nnodes > 1 else []),
              *[f"note:      {n}" for n in p.notes]]
     return "\n".join(lines)
 

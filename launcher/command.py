@@ -62,6 +62,12 @@ def master_port(cluster: Cluster, options: Options) -> int:
     return options.master_port or cluster.master_port or DEFAULT_MASTER_PORT
 
 
+def watch_port(cluster: Cluster, options: Options) -> int:
+    """The job watch's port (:mod:`launcher.jobwatch`): the option, else the rendezvous port + 1."""
+    port = master_port(cluster, options)
+    return options.watch_port or (port + 1 if port < 65535 else port - 1)
+
+
 def build_launch(cluster: Cluster, options: Options, script: str, script_args: Sequence[str],
                  environ: Mapping[str, str], run_dir: str, fabric: Optional[Mapping[str, str]] = None,
                  python: Optional[str] = None) -> Launch:

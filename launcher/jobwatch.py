@@ -41,7 +41,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
-from launcher.command import address_of, master_port
+from launcher.command import address_of, watch_port
 
 if TYPE_CHECKING:
     from launcher.cluster import Cluster
@@ -457,11 +457,6 @@ class Client(Watch):
             pass
 
 
-def watch_port(master_port: int, option: Optional[int]) -> int:
-    """The watch port: the option, else the rendezvous port + 1 (- 1 for port 65535)."""
-    return option or (master_port + 1 if master_port < 65535 else master_port - 1)
-
-
 def start(node: int, host: str, nnodes: int, master: str, port: int, timeout: float, connect_for: float,
           log: Callable[[str], None]) -> Optional[Watch]:
     """Start this host's watch (hub on node 0, else client); None if the hub cannot listen (logged)."""
@@ -479,7 +474,7 @@ def start(node: int, host: str, nnodes: int, master: str, port: int, timeout: fl
 
 def for_cluster(cluster: Cluster, options: Options, log: Callable[[str], None]) -> Optional[Watch]:
     """The watch of this host's launcher (several nodes); None if the hub cannot listen (logged)."""
-    port = watch_port(master_port(cluster, options), options.watch_port)
+    port = watch_port(cluster, options)
     return start(cluster.node_rank, cluster.current_host, cluster.nnodes,
                  address_of(cluster.master_addr or "", options.resolve), port, options.heartbeat_timeout,
                  float(options.rdzv_timeout), log)

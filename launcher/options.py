@@ -134,7 +134,8 @@ SPECS: tuple[Spec, ...] = (
          "torchrun restarts of the workers", metavar="N"),
     Spec("grace_period", _seconds, None, f"seconds > 0, at most {MAX_SECONDS}",
          "after a stop signal, how long workers may take before the whole tree is killed; default "
-         "inside the platform's own kill window (SageMaker 90, elsewhere 25)", metavar="SECONDS"),
+         "inside the platform's own kill window (SageMaker 90, Kubernetes and SLURM 25, PBS 8, local 30)",
+         metavar="SECONDS"),
     Spec("watch_port", _whole_number(1, 65535), None, "a port 1-65535",
          "port of the job watch on the first host (the launchers' heartbeats; a failed or silent host "
          "stops the job everywhere); default the rendezvous port + 1", metavar="PORT"),
