@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Optional
 
 from launcher.cluster import Cluster
 from launcher.command import Launch
-from launcher.supervise import Outcome
+from launcher.outcome import Outcome
 
 REPORT_LIMIT = 1024  # SageMaker shows the first 1024 characters of output/failure
 ERROR_FILE_LIMIT = 4 * 1024 * 1024  # a larger error file is not read: the log tail is used instead

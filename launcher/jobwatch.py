@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from launcher.cluster import Cluster
     from launcher.failure import RootCause
     from launcher.options import Options
-    from launcher.supervise import Outcome
+    from launcher.outcome import Outcome
 
 MAX_LINE = 4096  # bytes of one message: a report head is at most ~600 characters
 REPORT_LINES, REPORT_CHARS = 2, 600  # what a ``failed`` message carries of a host's report

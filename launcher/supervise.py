@@ -31,10 +31,11 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO, Callable, NamedTuple, Optional, Protocol
+from typing import IO, Callable, Optional, Protocol
 
 from launcher import proctree
 from launcher.command import Launch
+from launcher.outcome import Outcome
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Signals that ask the workers for something without stopping the job (SLURM's --signal=USR1@60: "the
@@ -53,16 +54,6 @@ class JobWatch(Protocol):
     """What supervise needs of the job watch: to hand it the stop hook, and take it back (None)."""
 
     def attach(self, request: Optional[Callable[[float, str], None]]) -> None: ...
-
-
-class Outcome(NamedTuple):
-    """How torchrun ended, as the launcher saw it."""
-
-    returncode: int  # torchrun's; negative: killed by that signal
-    pid: int
-    stop_signal: Optional[int] = None  # the first stop signal the launcher received
-    killed_after_grace: bool = False
-    stderr_tail: Sequence[str] = ()
 
 
 class StderrTail:

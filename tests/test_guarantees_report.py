@@ -24,7 +24,8 @@ from test_launcher_processes import WORKER, job_pids, make_host, start_launcher
 from launcher import failure
 from launcher.cluster import Cluster
 from launcher.command import Launch
-from launcher.supervise import Outcome, StderrTail, _pump
+from launcher.outcome import Outcome
+from launcher.supervise import StderrTail, _pump
 
 # torchrun 2.14.1's own words for: rank 1 sys.exit(7)ed, torchrun then SIGTERMed rank 0 (captured).
 EXIT7_ROOT = """\

@@ -30,3 +30,26 @@ def test_pip_install_gives_a_working_command(tmp_path):
     # the installed package is the launcher alone: no tests, scripts or notebooks
     installed = sorted(os.listdir(site))
     assert "launcher" in installed and not {"tests", "train_scripts", "notebooks"} & set(installed)
+
+
+def _imports(path: str) -> set[str]:
+    import ast
+
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    return found | {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+
+
+def test_the_launcher_imports_only_the_standard_library():
+    allowed = set(sys.stdlib_module_names) | {"launcher"}
+    for path in glob.glob(os.path.join(REPO, "launcher", "**", "*.py"), recursive=True):
+        foreign = {m for m in _imports(path) if m.split(".")[0] not in allowed}
+        assert not foreign, f"{path} imports {foreign}"
+
+
+def test_failure_analysis_does_not_depend_on_the_process_supervisor():
+    # The report, its root cause and exit code are pure functions of torchrun's outcome and files.
+    for name in ("failure.py", "outcome.py", "command.py", "cluster.py"):
+        assert not {m for m in _imports(os.path.join(REPO, "launcher", name))
+                    if m in ("launcher.supervise", "launcher.proctree", "subprocess")}, name
