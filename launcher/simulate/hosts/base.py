@@ -41,7 +41,8 @@ class HostSpec:
     """One simulated host: its name, its directory, exactly how it is started, and where it reports.
 
     ``on_start`` runs right after the host's process started (a platform that fills a file in as
-    its nodes come up writes it there).
+    its nodes come up writes it there). ``signal_targets`` finds, under the host's process, the
+    launcher that stop signals and faults go to (where the host's first process is a driver).
     """
 
     name: str
@@ -52,6 +53,7 @@ class HostSpec:
     model_dir: Optional[str] = None
     failure_file: Optional[str] = None
     on_start: Optional[Callable[[], None]] = None
+    signal_targets: Optional[Callable[[int], list[int]]] = None  # the launcher(s) under the host's pid
 
 
 def write_json(path: str, data: Any) -> None:
