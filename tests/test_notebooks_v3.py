@@ -17,6 +17,7 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import re
 import shutil
 import subprocess
 import textwrap
@@ -201,7 +202,10 @@ def test_what_was_submitted_trains_through_the_sdks_drivers(recorded, endpoint, 
     assert_gone([h["pid"] for h in summary["hosts"]])
     assert "Running Basic Script driver" in log  # the SDK's sm_train.sh ran the SDK's driver
     assert "[algo-1] [ddp-launcher] sagemaker host algo-1: node 0 of 2" in log  # rank 0 on algo-1
-    assert "[algo-1] [rank0]:" in log and "[algo-2] [rank1]:" in log
+    assert "[algo-2] [ddp-launcher] sagemaker host algo-2: node 1 of 2" in log
+    assert "[algo-1] [rank0]:model saved: /opt/ml/model/model.pt" in log  # /opt/ml is algo-1's own tree
+    for definition in recorded.request["AlgorithmSpecification"]["MetricDefinitions"]:
+        assert re.findall(definition["Regex"], log), definition  # CloudWatch would find every metric
     assert os.path.getsize(os.path.join(workdir, "algo-1", "model", "model.pt")) > 1000
     history = read_json(os.path.join(workdir, "algo-1", "output", "data", "metrics.json"))
     assert [r["epoch"] for r in history] == [1]
