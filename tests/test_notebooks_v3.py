@@ -282,3 +282,38 @@ def test_simulate_v3_refuses_a_directory_that_is_not_the_drivers(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "no sm_train.sh" in proc.stderr and not os.path.exists(tmp_path / "job")
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_a_stop_signal_reaches_the_launcher_under_the_drivers(odd_submission, endpoint, tmp_path):  # noqa: F811
+    """A spot interruption of algo-1 goes to its ``launch.py`` (not to the drivers' bash), which stops its
+    workers: they record the SIGTERM; the launcher is the parent of their torchrun."""
+    hps, channels = odd_submission
+    workdir = str(tmp_path / "job")
+    proc = simulate(workdir, channels, {**hps, "steps": "0"}, {**endpoint.env(), "PYTHONPATH": REPO},
+                    ("--fault", "algo-1:SIGTERM:step=2"))
+    log = proc.stdout + proc.stderr
+    fired = re.search(r"fault: SIGTERM to algo-1's launcher \(pid (\d+)\) at", log)
+    assert fired, log[-6000:]
+    record = read_json(os.path.join(workdir, "algo-1", "output", "data", "rank0.json"))
+    assert record["sigterm"] is True, record
+    summary = read_json(os.path.join(workdir, "summary.json"))
+    host_pid = next(h["pid"] for h in summary["hosts"] if h["host"] == "algo-1")
+    launcher = int(fired.group(1))
+    assert launcher != host_pid and record["ancestors"][1] == launcher  # worker -> torchrun -> launcher
+    assert proc.returncode == 143, log[-6000:]
+    assert_gone([h["pid"] for h in summary["hosts"]] + [launcher, record["pid"]])
+
+
+def test_sdk_v3_fails_a_job_whose_hyperparameter_holds_a_single_quote(odd_submission, endpoint, tmp_path):  # noqa: F811
+    """A known limit of the SDK (sagemaker-train 1.27), not of the launcher: environment.py writes
+    ``export SM_HPS='...'`` unescaped, so ``source`` of that file fails and the job ends with exit 2
+    before the entry script starts. Pinned here so that a fixed SDK shows up."""
+    hps, channels = odd_submission
+    workdir = str(tmp_path / "job")
+    proc = simulate(workdir, channels, {**hps, "note": "it's"}, {**endpoint.env(), "PYTHONPATH": REPO})
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 2, log[-6000:]
+    assert "sm_training.env: line" in log and "unexpected EOF" in log
+    assert "[ddp-launcher]" not in log  # the launcher never ran
+    summary = read_json(os.path.join(workdir, "summary.json"))
+    assert_gone([h["pid"] for h in summary["hosts"]])

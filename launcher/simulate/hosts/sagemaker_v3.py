@@ -116,9 +116,13 @@ def namespace_command(scratch: str) -> tuple[str, ...]:
 
 
 def launcher_pids(root: int) -> list[int]:
-    """The host's launcher (``python launch.py``) under the drivers; a stop signal goes there."""
-    found = []
-    for pid in proctree.descendants([root]):
+    """The host's launcher (``python launch.py``) under the drivers; a stop signal goes there.
+
+    Only the topmost such process: the launcher's watchdog is a fork of it, with the same command line.
+    """
+    parents = proctree.parent_map()
+    found: list[int] = []
+    for pid in proctree.descendants([root], parents):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 words = fh.read().split(b"\0")
@@ -126,7 +130,7 @@ def launcher_pids(root: int) -> list[int]:
             continue
         if len(words) > 1 and os.path.basename(words[1].decode(errors="replace")) == bundle.ENTRY_POINT:
             found.append(pid)
-    return found
+    return [pid for pid in found if parents.get(pid) not in found]
 
 
 def _code_dir(config: Config, scratch: str) -> str:
