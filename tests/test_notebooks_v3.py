@@ -28,6 +28,8 @@ from typing import Any
 import nbformat
 import pytest
 from conftest import PYTHON, REPO, TRAIN_SCRIPTS, assert_gone
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
@@ -317,3 +319,50 @@ def test_sdk_v3_fails_a_job_whose_hyperparameter_holds_a_single_quote(odd_submis
     assert "[ddp-launcher]" not in log  # the launcher never ran
     summary = read_json(os.path.join(workdir, "summary.json"))
     assert_gone([h["pid"] for h in summary["hosts"]])
+
+
+def _sdk_utils():
+    """The SDK's own ``container_drivers/common/utils.py`` (standard library only), loaded from .venv-v3."""
+    import glob
+    import importlib.util
+
+    path = glob.glob(os.path.join(REPO, ".venv-v3", "lib", "python3*", "site-packages", "sagemaker", "train",
+                                  "container_drivers", "common", "utils.py"))[0]
+    spec = importlib.util.spec_from_file_location("sm_container_utils", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+HP_KEYS = st.text(st.characters(codec="utf-8", exclude_characters="\0="), min_size=1, max_size=12).filter(
+    lambda k: not k.startswith(("sagemaker_", "launcher", "train")) and k not in ("_tuning_objective_metric",
+                                                                                  "default_user_module_name"))
+HP_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.text(st.characters(codec="utf-8",
+                                                                                           exclude_characters="\0")),
+                         lambda inner: st.lists(inner, max_size=3), max_leaves=4)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(HP_KEYS, HP_VALUES, max_size=6), st.integers(0, 6))
+def test_the_launcher_reads_any_v3_argv_as_the_sdk_renders_it(tmp_path_factory, hps, position):
+    """Whatever ModelTrainer's hyperparameters: the launcher takes ``train-script`` from the argv the SDK's
+    driver renders, leaves every other word to the script in order, and never "repairs" it (the repair
+    is for SDK 2.x's split argv)."""
+    from launcher.options import parse_invocation
+    from launcher.platforms.sagemaker import PLATFORM
+
+    utils = _sdk_utils()
+    items = list(hps.items())
+    items.insert(min(position, len(items)), ("train-script", "train.py"))
+    raw = {k: utils.safe_serialize(v) for k, v in items}  # hyperparameters.json, as ModelTrainer writes it
+    argv = utils.hyperparameters_to_cli_args({k: utils.safe_deserialize(v) for k, v in raw.items()})
+    base = str(tmp_path_factory.getbasetemp() / "v3hps")
+    os.makedirs(os.path.join(base, "input", "config"), exist_ok=True)
+    with open(os.path.join(base, "input", "config", "hyperparameters.json"), "w") as fh:
+        json.dump(raw, fh)
+    environ = {"SAGEMAKER_BASE_DIR": base}
+    notes: list[str] = []
+    assert PLATFORM.prepare_argv(argv, environ, notes) == argv and notes == []
+    invocation = parse_invocation(argv, environ)
+    i = argv.index("--train-script")
+    assert invocation.script == "train.py" and list(invocation.script_args) == argv[:i] + argv[i + 2:]
