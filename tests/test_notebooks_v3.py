@@ -18,7 +18,6 @@ import filecmp
 import json
 import os
 import re
-import shutil
 import subprocess
 import textwrap
 import time
@@ -277,13 +276,26 @@ def test_a_worker_exiting_7_gives_7_and_a_root_cause(odd_submission, endpoint, t
     assert_gone([h["pid"] for h in summary["hosts"]])
 
 
-def test_simulate_v3_refuses_a_directory_that_is_not_the_drivers(tmp_path):
-    proc = subprocess.run([PYTHON, "-m", "launcher", "simulate", "--sdk", "v3", "--hosts", "2", "--sm-drivers",
-                           str(tmp_path), "--workdir", str(tmp_path / "job"), "--", ALLREDUCE],
+@pytest.mark.parametrize(("options", "says"), [
+    (["--sdk", "v3", "--sm-drivers", "{tmp}"], "not ModelTrainer's sm_drivers channel (no sm_train.sh)"),
+    (["--sdk", "v3"], "--sdk v3 needs --sm-drivers DIR"),
+    (["--sm-drivers", "{drivers}"], "--sm-drivers needs --sdk v3"),
+    (["--sdk", "v3", "--sm-drivers", "{drivers}", "--toolkit"], "--toolkit is SDK 2.x's"),
+    (["--sdk", "v3", "--sm-drivers", "{drivers}", "--code", "{tmp}/nowhere"], "--code: directory not found"),
+    (["--platform", "slurm", "--sdk", "v3"], "--sdk is SageMaker-only"),
+])
+def test_simulate_v3_bad_input_is_one_line_and_exit_2(tmp_path, options, says):
+    drivers = tmp_path / "drivers"
+    for name in ("sm_train.sh", "scripts/environment.py", "common/utils.py"):
+        (drivers / name).parent.mkdir(parents=True, exist_ok=True)
+        (drivers / name).write_text("")
+    words = [w.format(tmp=tmp_path / "empty", drivers=drivers) for w in options]
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run([PYTHON, "-m", "launcher", "simulate", *words, "--hosts", "2",
+                           "--workdir", str(tmp_path / "job"), "--", ALLREDUCE],
                           cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "no sm_train.sh" in proc.stderr and not os.path.exists(tmp_path / "job")
-    shutil.rmtree(tmp_path, ignore_errors=True)
+    assert says in proc.stderr and not (tmp_path / "job").exists()
 
 
 def test_a_stop_signal_reaches_the_launcher_under_the_drivers(odd_submission, endpoint, tmp_path):  # noqa: F811

@@ -90,7 +90,7 @@ def host_argv(command: tuple[str, ...], tree: str, stage: str, hosts: str,
     return (*command, sys.executable, "-S", "-c", BECOME_HOST, tree, stage, hosts, *argv)
 
 
-def namespace_command(scratch: str) -> tuple[str, ...]:
+def namespace_command() -> tuple[str, ...]:
     """The ``unshare`` command that gives a host its own ``/opt/ml`` here, or ConfigError (exit 2)."""
     import subprocess
     import tempfile
@@ -100,7 +100,7 @@ def namespace_command(scratch: str) -> tuple[str, ...]:
     for command in NAMESPACES:
         if command == NAMESPACES[0] and os.geteuid() != 0:
             continue
-        with tempfile.TemporaryDirectory(prefix="simulate-v3-probe-", dir=scratch) as tmp:
+        with tempfile.TemporaryDirectory(prefix="simulate-v3-probe-") as tmp:
             tree = os.path.join(tmp, "tree")
             os.mkdir(tree)
             probe = host_argv(command, tree, os.path.join(tmp, "opt"), "/etc/hosts",
@@ -173,8 +173,7 @@ def host_environment(config: Config, environ: Mapping[str, str], port: int) -> d
 
 def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
     """Write every host's tree; each runs ``CONTAINER_COMMAND`` with its tree as ``/opt/ml``."""
-    os.makedirs(os.path.dirname(config.workdir) or ".", exist_ok=True)
-    command = namespace_command(os.path.dirname(config.workdir) or ".")
+    command = namespace_command()
     hps = {key: safe_serialize(value) for key, value in config.user_hyperparameters.items()}
 
     def write() -> list[HostSpec]:
