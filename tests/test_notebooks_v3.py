@@ -378,3 +378,20 @@ def test_the_launcher_reads_any_v3_argv_as_the_sdk_renders_it(tmp_path_factory, 
     invocation = parse_invocation(argv, environ)
     i = argv.index("--train-script")
     assert invocation.script == "train.py" and list(invocation.script_args) == argv[:i] + argv[i + 2:]
+
+
+def test_sm_drivers_tool_writes_what_model_trainer_uploaded(recorded, tmp_path):
+    """``tools/sm_drivers_v3.py`` (for simulate runs without a recording) writes the very channel the
+    notebook's ModelTrainer uploaded: the same files, byte for byte, but sourcecode.json's source_dir."""
+    dest = str(tmp_path / "drivers")
+    proc = subprocess.run([V3_PYTHON, os.path.join(REPO, "tools", "sm_drivers_v3.py"), dest],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    uploaded = recorded.channels["sm_drivers"]
+    names = [n for n in bundle.list_bundle(dest) if "__pycache__" not in n]  # caches: whatever Python left there
+    assert names == [n for n in bundle.list_bundle(uploaded) if "__pycache__" not in n]
+    differ = [n for n in names
+              if not filecmp.cmp(os.path.join(dest, n), os.path.join(uploaded, n), shallow=False)]
+    assert differ == ["sourcecode.json"]
+    ours, sent = (read_json(os.path.join(d, "sourcecode.json")) for d in (dest, uploaded))
+    assert {**ours, "source_dir": None} == {**sent, "source_dir": None}

@@ -30,8 +30,7 @@ def write_drivers(dest: str, entry_script: str, source_dir: str) -> str:
 
     if os.path.isdir(dest) and os.listdir(dest):
         raise FileExistsError(f"not empty: {dest!r}")
-    shutil.copytree(SM_DRIVERS_LOCAL_PATH, dest, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SM_DRIVERS_LOCAL_PATH, dest, dirs_exist_ok=True)  # caches included, as the SDK copies
     shutil.copy2(install_requirements.__file__, os.path.join(dest, "scripts", "install_requirements.py"))
     source_code = SourceCode(source_dir=source_dir, entry_script=entry_script)
     tmp = types.SimpleNamespace(name=dest)  # the methods take a TemporaryDirectory: only .name is read
