@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# SDK 3.x (ModelTrainer) cannot share .venv with the 2.x SDK: its notebook's kernel gets its own venv.
+VENV_V3  ?= .venv-v3
+STAMP_V3 := $(VENV_V3)/.installed
 
 .PHONY: demo test lint bench clean slurm-packages
 
@@ -12,6 +15,12 @@ $(STAMP): requirements.txt setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+$(STAMP_V3): requirements-v3.txt
+	$(PYTHON) -m venv $(VENV_V3)
+	$(VENV_V3)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_V3)/bin/python -m pip install --quiet -r requirements-v3.txt
+	touch $(STAMP_V3)
 
 demo: $(STAMP)
 	rm -rf runs/demo
@@ -26,7 +35,7 @@ slurm-packages:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge iproute2 >/dev/null; \
 	fi
 
-test: $(STAMP) slurm-packages
+test: $(STAMP) $(STAMP_V3) slurm-packages
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
@@ -34,4 +43,4 @@ bench: $(STAMP)
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VENV_V3) runs

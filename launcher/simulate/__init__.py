@@ -6,6 +6,7 @@ Usage::
         [--job-name NAME] [--fault HOST:SIGNAL:AFTER ...] [--grace-period S]
         [--network netns|loopback] [--platform-stop on|off] [--deadline S]
         [SageMaker: --instance-type ml.m5.xlarge --channel NAME=DIR ... --hyperparameters JSON --toolkit]
+        [SageMaker SDK 3.x: --sdk v3 --sm-drivers DIR [--code DIR]]
         [kubeflow: --kubeflow-legacy]
         -- script.py args...
 
@@ -90,6 +91,25 @@ Each host ``algo-i`` gets what a SageMaker host gets, written in AWS's formats:
   ``LAUNCHER_NPROC_PER_NODE``.
 - It starts as SageMaker starts it: in ``code/``, ``python launch.py <the argv AWS's toolkit renders
   from hyperparameters.json>``; with ``--toolkit``, through AWS's real ``train`` command.
+
+SageMaker SDK 3.x (``--sdk v3``)
+--------------------------------
+
+A job submitted by ``ModelTrainer(source_code=SourceCode(source_dir=..., entry_script="launch.py"))``
+runs differently (:mod:`launcher.simulate.hosts.sagemaker_v3` cites the SDK's sources): the code is a
+``code`` channel of loose files, the SDK's drivers an ``sm_drivers`` channel, the hyperparameters are
+text in the order given (``True`` is ``true``), and the container runs ``/bin/bash -c "chmod +x
+/opt/ml/input/data/sm_drivers/sm_train.sh && /opt/ml/input/data/sm_drivers/sm_train.sh"``. Each host
+runs exactly that, through the SDK's own files unchanged: ``sm_train.sh`` writes the ``SM_*`` variables
+(``SM_HOST_COUNT``, ``SM_CURRENT_HOST_RANK``, ``SM_MASTER_ADDR``, ``SM_HP_*``, ...) with the SDK's
+``environment.py``, and its basic script driver starts ``python launch.py --key value ...``. Those files
+hard-code ``/opt/ml``, so every host gets a mount namespace of its own (``unshare``: root, or
+unprivileged user namespaces; else exit 2) where its tree ``DIR/algo-i`` is ``/opt/ml`` and an
+``/etc/hosts`` names every ``algo-i`` at 127.0.0.1. ``--sm-drivers DIR`` is the ``sm_drivers``
+channel as uploaded (``.venv-v3/bin/python tools/sm_drivers_v3.py DIR`` writes one with the SDK's own
+code); ``--code DIR`` the ``code`` channel as uploaded (default: the bundle staged from the script). The
+hosts' ``python3`` is this Python (first on ``PATH``). Stop signals and faults go to each host's
+``launch.py`` process: on SageMaker the signal reaches the container's first process, ``bash``, only.
 
 Choices, and why (every platform):
 

@@ -36,7 +36,7 @@ MAX_DEPTH = 100  # JSON nesting of a value: deeper ones break the JSON writers' 
 CHANNEL_NAME = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
 JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 KUBERNETES_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1035 label
-SAGEMAKER_ONLY = ("instance_type", "channel", "hyperparameters", "toolkit")
+SAGEMAKER_ONLY = ("instance_type", "channel", "hyperparameters", "toolkit", "sdk", "sm_drivers", "code")
 EPILOG = """then: -- script.py args...  (SageMaker: the estimator's hyperparameters, --key value ...)
 
 platforms (each host gets what the platform gives a real node; the manual: launcher/simulate/__init__.py):
@@ -100,6 +100,9 @@ class Config:
     network_note: str = ""  # why this network, when it was not asked for
     platform_stop: bool = True  # stop the other hosts when one fails, as the platform does
     deadline: float = DEFAULT_DEADLINE  # seconds: then every host is stopped
+    sdk: Optional[str] = None  # SageMaker: None (SDK 2.x estimator) or "v3" (ModelTrainer)
+    drivers_dir: Optional[str] = None  # --sdk v3: the sm_drivers channel, absolute
+    code_dir: Optional[str] = None  # --sdk v3: the code channel, absolute (None: the staged bundle)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -133,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SageMaker: the estimator's hyperparameters as a JSON object")
     p.add_argument("--toolkit", action="store_true",
                    help="SageMaker: start each host through AWS's sagemaker-training `train` command")
+    p.add_argument("--sdk", choices=["v2", "v3"], default=None,
+                   help="SageMaker: the SDK line that submitted the job (default v2: estimator; v3: ModelTrainer, "
+                        "run through its sm_train.sh and drivers, each host with its own /opt/ml)")
+    p.add_argument("--sm-drivers", default=None, metavar="DIR",
+                   help="--sdk v3: the sm_drivers channel ModelTrainer uploaded (sm_train.sh, drivers, ...)")
+    p.add_argument("--code", default=None, metavar="DIR",
+                   help="--sdk v3: the code channel as uploaded (default: the bundle staged from the script)")
     p.add_argument("--fault", action="append", default=[], metavar="HOST:SIGNAL:AFTER",
                    help="e.g. algo-2:SIGKILL:5 (lost instance), algo-2:SIGTERM:step=3 (spot), "
                         "algo-2:partition:5 (its link goes down), algo-2:poweroff:5 (every process of "
@@ -398,6 +408,30 @@ def _plain_script(words: Sequence[str], cwd: str) -> tuple[str, tuple[str, ...]]
     return path, tuple(words[1:])
 
 
+def _check_v3(args: argparse.Namespace, cwd: str) -> tuple[Optional[str], Optional[str]]:
+    """``--sdk v3``: the sm_drivers directory (required, with ``sm_train.sh``) and the code directory."""
+    if args.sdk != "v3":
+        given = "--sm-drivers" if args.sm_drivers else ("--code" if args.code else None)
+        if given:
+            raise ConfigError(f"{given} needs --sdk v3")
+        return None, None
+    if not args.sm_drivers:
+        raise ConfigError("--sdk v3 needs --sm-drivers DIR: the sm_drivers channel ModelTrainer uploads "
+                          "(python tools/sm_drivers_v3.py DIR in the SDK 3.x venv writes one)")
+    found = []
+    for option, path in (("--sm-drivers", args.sm_drivers), ("--code", args.code)):
+        full = os.path.abspath(os.path.join(cwd, path)) if path else None
+        if full is not None and not os.path.isdir(full):
+            raise ConfigError(f"{option}: directory not found: {shown(path)}")
+        found.append(full)
+    missing = [name for name in ("sm_train.sh", "scripts/environment.py", "common/utils.py")
+               if not os.path.isfile(os.path.join(found[0], name))]
+    if missing:
+        raise ConfigError(f"--sm-drivers {shown(args.sm_drivers)}: not ModelTrainer's sm_drivers channel "
+                          f"(no {missing[0]})")
+    return found[0], found[1]
+
+
 def build_config(argv: Sequence[str], cwd: str) -> Config:
     """Parse and check everything; raises :class:`ConfigError`. Writes and starts nothing."""
     own, script_words = split_at_dashes(argv)
@@ -425,14 +459,20 @@ def build_config(argv: Sequence[str], cwd: str) -> Config:
         for key in SCRIPT_KEYS:
             hps.pop(key, None)
     hps.update(from_words)
-    script = _find_script(script_word, hps, cwd)
+    v3 = _check_v3(args, cwd)
+    given = dict(hps)
+    script = _find_script(script_word, hps, v3[1] or cwd)
     hps = {"train-script": os.path.basename(script), **hps}
+    if v3[0] and any(k in given for k in SCRIPT_KEYS):  # ModelTrainer keeps the user's order
+        hps = {k: os.path.basename(script) if k in SCRIPT_KEYS else v for k, v in given.items()}
     _check_limits(hps, len(sdk_entries("", "", "")))
     channels = dict(parse_channel(text, cwd) for text in args.channel)
     command = toolkit_command() if args.toolkit else None
+    if v3[0] and args.toolkit:
+        raise ConfigError("--toolkit is SDK 2.x's container toolkit; --sdk v3 runs ModelTrainer's own drivers")
     if args.toolkit and command is None:
         raise ConfigError(f"--toolkit needs AWS's sagemaker-training package in {sys.executable}: "
                           "pip install sagemaker-training")
     return Config(args.platform, hosts, args.nproc_per_node, args.instance_type or DEFAULT_INSTANCE_TYPE,
                   channels, _workdir(args, job_name, cwd), job_name, hps, script, command, faults,
-                  args.grace_period, **run)
+                  args.grace_period, sdk=args.sdk if v3[0] else None, drivers_dir=v3[0], code_dir=v3[1], **run)

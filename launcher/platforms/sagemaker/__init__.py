@@ -15,6 +15,12 @@ Processes per host: the ``--nproc-per-node`` option, else ``SM_NUM_GPUS``, else 
 containers use. Failure report: ``output/failure``, whose first 1024 characters SageMaker shows as
 the job's FailureReason. StopTrainingJob sends SIGTERM and SIGKILL 120 s later.
 
+SDK 3.x (``ModelTrainer``) jobs need nothing else: SageMaker writes the same ``resourceconfig.json``;
+the SDK's basic script driver runs the entry script from ``/opt/ml/input/data/code`` with the
+hyperparameters as ``--key value`` pairs in the order given (text as is, anything else as JSON:
+``true``, ``[1, 2]``), which is the SageMaker form of :mod:`launcher.options`; and
+:meth:`SageMaker.prepare_argv` leaves such an argv alone (it is never SDK 2.x's rendering split at spaces).
+
 The rest of the SageMaker-only code lives beside this module: ``hyperparameters`` (AWS's rendering
 of hyperparameters into argv, and the repair of an argv an old toolkit split) and ``bundle`` (what an
 estimator uploads).

@@ -9,6 +9,11 @@
         train_resnet.py    # the training script
         ddp_utils.py       # the helper module, when it stands beside the script
 
+The same bundle serves both SDK lines: SDK 2.x as ``PyTorch(entry_point="launch.py", source_dir=...)``
+(uploaded as ``sourcedir.tar.gz``, unpacked into ``/opt/ml/code``), SDK 3.x as ``ModelTrainer(source_code=
+SourceCode(source_dir=..., entry_script="launch.py"))`` (uploaded as loose files into the ``code``
+channel, ``/opt/ml/input/data/code``, where the SDK's driver runs ``python launch.py``).
+
 Nothing else: no ``requirements.txt`` (AWS's toolkit would pip-install it, reinstalling torch or the
 SDK in the container), no ``setup.py`` (the toolkit would ``pip install`` the whole bundle as a
 package), no caches, no notebooks, no data. Such names are refused, as are two files with the same

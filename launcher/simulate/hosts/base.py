@@ -42,7 +42,9 @@ class HostSpec:
     """One simulated host: its name, its directory, exactly how it is started, and where it reports.
 
     ``on_start`` runs right after the host's process started (a platform that fills a file in as
-    its nodes come up writes it there). ``aliases`` are the host's other names (``--network netns``
+    aliases: tuple[str, ...] = ()
+    signal_targets: Optional[Callable[[int], list[int]]] = None  # the launcher(s) under the host's pid
+ere). ``aliases`` are the host's other names (``--network netns``
     maps them to its address too).
     """
 
@@ -55,6 +57,7 @@ class HostSpec:
     failure_file: Optional[str] = None
     on_start: Optional[Callable[[], None]] = None
     aliases: tuple[str, ...] = ()
+    signal_targets: Optional[Callable[[int], list[int]]] = None  # the launcher(s) under the host's pid
 
 
 def in_namespaces(config: Config) -> bool:

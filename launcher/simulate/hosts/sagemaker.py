@@ -82,7 +82,14 @@ def host_argv(config: Config, raw_hps: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def make_tree(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
-    """Write the work directory; on any error remove what was made and raise :class:`ConfigError`."""
+    """Write the work directory; on any error remove what was made and raise :class:`ConfigError`.
+
+    ``--sdk v3``: :mod:`launcher.simulate.hosts.sagemaker_v3` (ModelTrainer's drivers) writes the hosts.
+    """
+    if config.sdk == "v3":
+        from launcher.simulate.hosts import sagemaker_v3
+
+        return sagemaker_v3.make_hosts(config, environ, port)
     def write() -> list[HostSpec]:
         submit = pack_source(config)
         common = {**caller_environment(environ), **estimator_environment(config, port)}
