@@ -29,11 +29,12 @@ from typing import NamedTuple, Optional
 
 from launcher import platforms, streams
 from launcher.cluster import Cluster
-from launcher.command import Launch, build_launch, master_port, watch_port
+from launcher.command import Launch, address_of, build_launch, master_port, watch_port
 from launcher.errors import ConfigError, shown
 from launcher.options import Invocation, help_text, parse_invocation
 
 PROG = "ddp-launcher"
+RENDEZVOUS_MARGIN = 10.0  # seconds past --rdzv-timeout before a torchrun with no worker is ended
 JOB_MARKER = "DDP_LAUNCHER_JOB"  # in torchrun's environment, so in everything the job starts
 
 
@@ -175,7 +176,10 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             from launcher import jobwatch  # several nodes only
 
             watch = jobwatch.for_cluster(c, options, log)
-        outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch)
+        # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
+        rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 else None
+        outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch,
+                            rendezvous_timeout)
         cause = failure.find_root_cause(outcome, p.launch)
         code = failure.exit_code(outcome, cause)
         limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
@@ -183,6 +187,11 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         if code != 0:
             rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "
                           f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
+            if outcome.no_rendezvous:
+                from launcher.preflight import no_rendezvous_reason
+
+                master = address_of(c.master_addr or "", options.resolve)
+                rendezvous += ": " + no_rendezvous_reason(master, master_port(c, options), c.node_rank)
             report = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
         if watch is not None:  # the job's root cause first, its exit code, wherever it happened
             from launcher.jobwatch import conclude

@@ -184,6 +184,9 @@ def find_root_cause(outcome: Outcome, launch: Launch) -> Optional[RootCause]:
     """What failed on this host, from torchrun's table, error files and logs; None if it succeeded."""
     if outcome.returncode == 0:
         return None
+    if outcome.no_rendezvous:
+        return RootCause(None, None, None, "no rendezvous within the timeout: no worker was started",
+                         "\n".join(outcome.stderr_tail))
     entries = parse_failures(outcome.stderr_tail)
     if not entries:
         # torchrun itself failed (rendezvous, bad flag) or was killed: its own error file or stderr.
@@ -220,6 +223,8 @@ def exit_code(outcome: Outcome, cause: Optional[RootCause]) -> int:
         return 0
     if outcome.stop_signal is not None:
         return 128 + outcome.stop_signal
+    if outcome.no_rendezvous:
+        return 1  # torchrun's own code for a failed rendezvous; the launcher, not a signal, ended it
     code = cause.exitcode if cause is not None and cause.exitcode else outcome.returncode
     return code if code > 0 else 128 - code
 

@@ -14,3 +14,4 @@ class Outcome(NamedTuple):
     stop_signal: Optional[int] = None  # the first stop signal the launcher received
     killed_after_grace: bool = False
     stderr_tail: Sequence[str] = ()
+    no_rendezvous: bool = False  # no worker had started when the rendezvous timeout ran out: torchrun was killed

@@ -190,11 +190,14 @@ def _workers_ended(workers: Sequence[int]) -> Optional[bool]:
 
 
 def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, log: Callable[[str], None],
-              watchdog: proctree.Watchdog, max_restarts: int = 0, watch: Optional[JobWatch] = None) -> Outcome:
+              watchdog: proctree.Watchdog, max_restarts: int = 0, watch: Optional[JobWatch] = None,
+              rendezvous_timeout: Optional[float] = None) -> Outcome:
     """Run the launch to its end and return how it ended. Blocks; installs signal handlers.
 
     ``watchdog`` (forked before this is called) is told to guard torchrun's tree. ``watch`` (the job
-    watch, :mod:`launcher.jobwatch`) gets the stop hook while torchrun runs.
+    watch, :mod:`launcher.jobwatch`) gets the stop hook while torchrun runs. If no worker has started
+    ``rendezvous_timeout`` seconds after torchrun (a master port held by another program leaves
+    torchrun's store client waiting for ever), torchrun is killed and the outcome says so.
     """
     os.makedirs(launch.log_dir, exist_ok=True)
     proctree.become_subreaper()
@@ -218,7 +221,8 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
                  threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, tail), daemon=True)]
         for pump in pumps:
             pump.start()
-        returncode, after_grace = _wait(proc, stop, log, keep=[proc.pid, watchdog.pid])
+        rendezvous_by = None if rendezvous_timeout is None else time.monotonic() + rendezvous_timeout
+        returncode, after_grace, no_rendezvous = _wait(proc, stop, log, [proc.pid, watchdog.pid], rendezvous_by)
         leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
         if leftovers:
             log(f"killed {leftovers} process(es) torchrun left behind")
@@ -231,27 +235,36 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
             signal.signal(sig, handler)
         proctree.reap_orphans([watchdog.pid])
     return Outcome(returncode=returncode, pid=proc.pid, stop_signal=stop.signal, killed_after_grace=after_grace,
-                   stderr_tail=tail.lines())
+                   stderr_tail=tail.lines(), no_rendezvous=no_rendezvous)
 
 
 def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None],
-          keep: Sequence[int]) -> tuple[int, bool]:
-    """Wait for torchrun; reap orphans, settle a frozen torchrun, enforce the grace period.
+          keep: Sequence[int], rendezvous_by: Optional[float] = None) -> tuple[int, bool, bool]:
+    """Wait for torchrun; reap orphans, settle a frozen torchrun, enforce the grace period and the
+    rendezvous deadline.
 
-    Returns torchrun's return code and whether the grace period ran out.
+    Returns torchrun's return code, whether the grace period ran out, and whether no worker had
+    started by ``rendezvous_by`` (torchrun then killed).
     """
-    killed = after_grace = resumed = False
+    killed = after_grace = resumed = no_rendezvous = False
     while True:
         deadline = stop.deadline
         tick = STOPPING_TICK if stop.workers is not None and not resumed else TICK
         try:
             timeout = tick if deadline is None else max(0.0, min(tick, deadline - time.monotonic()))
-            return proc.wait(timeout=timeout), after_grace
+            return proc.wait(timeout=timeout), after_grace, no_rendezvous
         except subprocess.TimeoutExpired:
             pass
         proctree.reap_orphans(keep)
         if killed:
             continue
+        if rendezvous_by is not None and stop.signal is None and time.monotonic() >= rendezvous_by:
+            rendezvous_by = None  # checked once: after it, workers exist and torchrun's own timeouts rule
+            if not proctree.children_of(proc.pid):
+                log("no worker started within the rendezvous timeout: killing torchrun")
+                proctree.kill_tree([proc.pid])
+                killed = no_rendezvous = True
+                continue
         if stop.requested and not proctree.children_of(proc.pid):
             log("the workers have ended: killing torchrun (its own shutdown would only delay the end)")
             proctree.kill_tree([proc.pid])
