@@ -215,8 +215,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     header = ["fault", *contenders]
     rows = [header] + [[fault, *(cell(results[(fault, n)], args.cap) for n in contenders)] for fault in FAULTS]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for row in rows:
+    for i, row in enumerate(rows):
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return 0
 
 
