@@ -14,6 +14,7 @@ BENCHMARKS = (
     ["bench_launcher.py", "--pairs", "15", "--steps", "100"],
     ["bench_simulate.py", "--pairs", "7"],
     ["bench_train_throughput.py", "--rounds", "5", "--variants"],
+    ["bench_faults.py", "--rounds", "2"],
 )
 
 if __name__ == "__main__":
