@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 MAX_LINE = 4096  # bytes of one message: a report head is at most ~600 characters
 REPORT_LINES, REPORT_CHARS = 2, 600  # what a ``failed`` message carries of a host's report
-REMOTE_GRACE = 2.0  # the grace period of a stop caused by another host (at most the configured one)
+REMOTE_GRACE = 1.0  # the grace period of a stop caused by another host (at most the configured one)
 LOST_CODE = 137  # a lost host: as if SIGKILLed (see the module's docstring)
 HANDSHAKE_TIMEOUT = 10.0  # a connection that says no hello in this time is not a launcher
 RETRY = 0.5  # between a client's connection attempts
