@@ -70,6 +70,22 @@ def host_address(config: Config, index: int) -> str:
     return netns.host_address(index) if in_namespaces(config) else ADDRESS
 
 
+def permitted_commands(commands: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """``unshare`` forms to try, the first (root's) only as root: the later ones use a user namespace."""
+    return [c for i, c in enumerate(commands) if i > 0 or os.geteuid() == 0]
+
+
+def probe_succeeds(argv: Sequence[str]) -> bool:
+    """True if ``argv`` runs and exits 0 within 30 s (a namespace form permitted here)."""
+    import subprocess  # only when a builder probes
+
+    try:
+        return subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def write_json(path: str, data: Any) -> None:
     """``data`` as indented JSON with a final newline (the config files and ``summary.json``)."""
     with open(path, "w", encoding="utf-8") as fh:

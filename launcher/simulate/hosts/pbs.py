@@ -35,14 +35,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 from collections.abc import Mapping
 from typing import Optional
 
 from launcher.errors import ConfigError
 from launcher.simulate.config import Config
-from launcher.simulate.hosts.base import ADDRESS, HostSpec, in_namespaces, plain_hosts
+from launcher.simulate.hosts.base import (
+    ADDRESS,
+    HostSpec,
+    in_namespaces,
+    permitted_commands,
+    plain_hosts,
+    probe_succeeds,
+)
 from launcher.simulate.hosts.slurm import job_id
 
 NAME = "pbs"
@@ -87,16 +93,9 @@ def node_variables(job_name: str, count: int, index: int, node_file: str, slots:
 
 def namespace_command() -> tuple[str, ...]:
     """The ``unshare`` command that gives a host its own host name here, or ConfigError (exit 2)."""
-    for command in NAMESPACES:
-        if command == NAMESPACES[0] and os.geteuid() != 0:
-            continue
-        probe = host_argv(command, "probe", "/etc/hosts", (sys.executable, "-S", "-c", "pass"))
-        try:
-            if subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=30).returncode == 0:
-                return command
-        except (OSError, subprocess.TimeoutExpired):
-            continue
+    for command in permitted_commands(NAMESPACES):
+        if probe_succeeds(host_argv(command, "probe", "/etc/hosts", (sys.executable, "-S", "-c", "pass"))):
+            return command
     raise ConfigError("--platform pbs needs a host name per host: 'unshare --uts --mount' (root) or 'unshare "
                       "--user --map-root-user --uts --mount' (unprivileged user namespaces) is not permitted here")
 

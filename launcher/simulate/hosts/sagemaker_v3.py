@@ -39,7 +39,15 @@ from typing import Any
 from launcher import proctree
 from launcher.platforms.sagemaker import bundle
 from launcher.simulate.config import Config
-from launcher.simulate.hosts.base import HostSpec, caller_environment, in_namespaces, make_workdir, write_json
+from launcher.simulate.hosts.base import (
+    HostSpec,
+    caller_environment,
+    in_namespaces,
+    make_workdir,
+    permitted_commands,
+    probe_succeeds,
+    write_json,
+)
 from launcher.simulate.hosts.pbs import hosts_file_text
 from launcher.simulate.hosts.sagemaker_env import estimator_environment
 from launcher.simulate.hosts.sagemaker_files import input_data_config, resource_config
@@ -92,25 +100,17 @@ def host_argv(command: tuple[str, ...], tree: str, stage: str, hosts: str,
 
 def namespace_command() -> tuple[str, ...]:
     """The ``unshare`` command that gives a host its own ``/opt/ml`` here, or ConfigError (exit 2)."""
-    import subprocess
     import tempfile
 
     from launcher.errors import ConfigError
 
-    for command in NAMESPACES:
-        if command == NAMESPACES[0] and os.geteuid() != 0:
-            continue
+    for command in permitted_commands(NAMESPACES):
         with tempfile.TemporaryDirectory(prefix="simulate-v3-probe-") as tmp:
             tree = os.path.join(tmp, "tree")
             os.mkdir(tree)
-            probe = host_argv(command, tree, os.path.join(tmp, "opt"), "/etc/hosts",
-                              ("/bin/sh", "-c", f"test -d {CONTAINER_BASE}"))
-            try:
-                if subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, timeout=30).returncode == 0:
-                    return command
-            except (OSError, subprocess.TimeoutExpired):
-                continue
+            if probe_succeeds(host_argv(command, tree, os.path.join(tmp, "opt"), "/etc/hosts",
+                                        ("/bin/sh", "-c", f"test -d {CONTAINER_BASE}"))):
+                return command
     raise ConfigError("--sdk v3 needs a mount namespace per host for its /opt/ml: 'unshare --mount' (root) or "
                       "'unshare --user --map-root-user --mount' is not permitted here")
 
