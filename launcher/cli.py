@@ -29,9 +29,10 @@ from typing import NamedTuple, Optional
 
 from launcher import platforms, streams
 from launcher.cluster import Cluster
-from launcher.command import Launch, address_of, build_launch, master_port, watch_port
+from launcher.command import Launch, address_of, build_launch, cluster_for, master_port, watch_port
 from launcher.errors import ConfigError, shown
-from launcher.options import Invocation, help_text, parse_invocation
+from launcher.options import Invocation, Options, help_text, parse_invocation
+from launcher.platforms.base import Attempt, HostView, look_once
 
 PROG = "ddp-launcher"
 RENDEZVOUS_MARGIN = 10.0  # seconds past --rdzv-timeout before a torchrun with no worker is ended
@@ -70,6 +71,21 @@ def check_tmpdir(environ: Mapping[str, str]) -> None:
         raise ConfigError(f"TMPDIR is not writable: {shown(path)}")
 
 
+def host_view(options: Options, dev_dir: str = "/dev", sys_dir: str = "/sys") -> HostView:
+    """This host as the platforms see it; what the cluster publishes late is waited for up to
+    ``--rdzv-timeout`` (with progress lines), and a dry run looks once and does not wait."""
+    timeout = float(options.rdzv_timeout)
+
+    def wait(attempt: Attempt, what: str) -> object:
+        if options.dry_run:
+            return look_once(attempt, what, f"dry run: not waiting; a run waits up to {timeout:g} s")
+        from launcher.preflight import wait_for
+
+        return wait_for(attempt, what, timeout)
+
+    return HostView(dev_dir=dev_dir, sys_dir=sys_dir, wait=wait)
+
+
 def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str] = None) -> Plan:
     """Read the options, the platform's files and variables; decide the launch. Starts nothing.
 
@@ -79,17 +95,20 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     """
     notes: list[str] = []
     # The detected platform repairs the argv first: a split argv is not AWS's --key value pairs.
-    argv = platforms.choose(environ).platform.prepare_argv(argv, environ, notes)
+    detected = platforms.choose(environ)
+    argv = detected.platform.prepare_argv(argv, environ, notes)
     invocation = parse_invocation(argv, environ)
-    choice = platforms.choose(environ, invocation.options.platform)
-    cluster = choice.platform.resolve(environ, invocation.options)
+    options = invocation.options
+    choice = platforms.choose(environ, options.platform, detected.matches) if options.platform else detected
+    host = host_view(options)
+    cluster = cluster_for(choice.platform, environ, host, options)
     _check_script(invocation.script)
     if run_dir is None:
         check_tmpdir(environ)
     token = f"{os.getpid()}-{os.urandom(8).hex()}"
     run_dir = run_dir or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{PROG}-{token}")
     launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
-                          environ, run_dir, choice.platform.fabric_env(cluster))
+                          environ, run_dir, choice.platform.fabric_env(cluster, host))
     launch = launch._replace(env_changes={**launch.env_changes, JOB_MARKER: token})
     grace = invocation.options.grace_period or choice.platform.grace_period
     return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
+MAX_NPROC = 1024  # more processes per host than any machine has cores or devices: a typo, not a plan
+
 
 class Cluster(NamedTuple):
     """What one host knows about the job's cluster.

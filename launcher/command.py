@@ -18,6 +18,7 @@ from typing import NamedTuple, Optional
 
 from launcher.cluster import Cluster
 from launcher.options import Options
+from launcher.platforms.base import HostView, Platform
 
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
@@ -40,6 +41,20 @@ class Launch(NamedTuple):
         env = {k: v for k, v in base.items() if k not in self.env_removed}
         env.update(self.env_changes)
         return env
+
+
+def cluster_for(platform: Platform, environ: Mapping[str, str], host: HostView, options: Options) -> Cluster:
+    """The cluster this launch uses: the platform's reading, then the options that override it.
+
+    The one place where options and platform facts meet: ``--nproc-per-node`` replaces the
+    platform's process count (the evidence keeps what the platform said).
+    """
+    cluster = platform.resolve(environ, host)
+    nproc = options.nproc_per_node
+    if nproc is None:
+        return cluster
+    evidence = (*cluster.evidence, f"--nproc-per-node {nproc} (instead of the platform's {cluster.nproc_per_node})")
+    return cluster._replace(nproc_per_node=nproc, evidence=evidence)
 
 
 def address_of(host: str, resolve: Mapping[str, str]) -> str:

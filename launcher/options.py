@@ -36,10 +36,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Callable, NamedTuple, Optional
 
+from launcher.cluster import MAX_NPROC
 from launcher.errors import ConfigError, shown
 
 ENV_PREFIX = "LAUNCHER_"
-MAX_NPROC = 1024  # more processes than any machine has cores or devices: a typo, not a plan
 MAX_SECONDS = 86400  # a day: the longest grace period or rendezvous timeout that is not a typo
 MAX_RESTARTS = 100
 MIN_HEARTBEAT_TIMEOUT = 1.5  # heartbeats come every second (every third of the timeout below 3 s)

@@ -8,10 +8,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import IO, Optional
 
 import pytest
+
+from launcher.cluster import Cluster
+from launcher.options import Options, parse_invocation
+from launcher.platforms.base import Platform
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
@@ -47,6 +51,18 @@ def assert_gone(pids: Iterable[int], within: float = 10.0) -> float:
         if time.monotonic() - start > within:
             pytest.fail(f"processes still alive {within} s later: {alive}")
         time.sleep(0.05)
+
+
+def resolve_cluster(environ: Mapping[str, str], options: Optional[Options] = None, dev_dir: str = "/nonexistent",
+                    hostname: str = "", platform: Optional[Platform] = None) -> Cluster:
+    """The cluster as the launcher reads it: the platform (``platform``, else ``--platform``, else
+    detected) reads ``environ`` on a host with devices in ``dev_dir``, then the options apply."""
+    from launcher import cli, command, platforms
+
+    options = options or parse_invocation(["train.py"], {}).options
+    chosen = platform or platforms.choose(environ, options.platform).platform
+    host = cli.host_view(options, dev_dir)._replace(hostname=hostname)
+    return command.cluster_for(chosen, environ, host, options)
 
 
 def launcher_env(**extra: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ import re
 import sys
 
 import pytest
+from conftest import resolve_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sagemaker_training import mapping
@@ -71,7 +72,7 @@ def check_cluster(cluster: Cluster) -> None:
 def resolve_or_refuse(platform, environ, dev_dir, options=OPTIONS, bounded=True):
     """The platform's cluster, or a well-formed ConfigError; any other exception fails the test."""
     try:
-        cluster = platform.resolve(environ, options, str(dev_dir))
+        cluster = resolve_cluster(environ, options, str(dev_dir), platform=platform)
     except ConfigError as err:
         check_message(err, bounded)
         return None

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import PYTHON, REPO, LiveProcess, assert_gone, launcher_env
+from conftest import PYTHON, REPO, LiveProcess, assert_gone, launcher_env, resolve_cluster
 
 from launcher import platforms
 from launcher.errors import ConfigError
@@ -21,9 +21,9 @@ WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
 def resolve(tmp_path, lines: list[str], host: str, monkeypatch, *argv: str, job: str = "5150.pbs01"):
     node_file = tmp_path / "nodefile"
     node_file.write_text("".join(line + "\n" for line in lines))
-    monkeypatch.setattr(pbs, "this_host", lambda: host)
     options = parse_invocation([*argv, "train.py"], {}).options
-    return pbs.PLATFORM.resolve({"PBS_JOBID": job, "PBS_NODEFILE": str(node_file)}, options, "/nonexistent")
+    return resolve_cluster({"PBS_JOBID": job, "PBS_NODEFILE": str(node_file)}, options, hostname=host,
+                           platform=pbs.PLATFORM)
 
 
 @pytest.mark.parametrize("lines, host, rank, hosts", [

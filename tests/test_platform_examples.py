@@ -7,9 +7,8 @@ import json
 import os
 
 import yaml
-from conftest import REPO
+from conftest import REPO, resolve_cluster
 
-from launcher import platforms
 from launcher.options import parse_invocation
 
 EXAMPLES = os.path.join(REPO, "examples")
@@ -22,7 +21,7 @@ def load(name):
 
 
 def resolve_all(envs, tmp_path):
-    clusters = [platforms.resolve_cluster(env, OPTIONS, str(tmp_path)) for env in envs]
+    clusters = [resolve_cluster(env, OPTIONS, str(tmp_path)) for env in envs]
     assert sorted(c.node_rank for c in clusters) == list(range(len(envs)))
     assert len({(c.platform, c.nnodes, c.master_addr, c.master_port, c.nproc_per_node) for c in clusters}) == 1
     return clusters[0]

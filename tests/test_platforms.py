@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from conftest import PYTHON, REPO, assert_gone, free_port, launcher_env
+from conftest import PYTHON, REPO, assert_gone, free_port, launcher_env, resolve_cluster
 
 from launcher import cli, platforms, preflight
 from launcher.errors import ConfigError
@@ -92,7 +92,7 @@ def test_round_trip_over_every_host(tmp_path, name, build, nnodes):
     for i in range(nnodes):
         environ, host = build(i, nnodes, tmp_path)
         assert platforms.choose(environ).platform.name == name
-        cluster = platforms.resolve_cluster(environ, options(), dev_dir=str(tmp_path))
+        cluster = resolve_cluster(environ, options(), dev_dir=str(tmp_path))
         seen.append((cluster, host))
     assert sorted(c.node_rank for c, _ in seen) == list(range(nnodes))
     assert {(c.nnodes, c.master_addr, c.master_port) for c, _ in seen} == {seen[0][0][1:2] + seen[0][0][5:7]}
@@ -106,14 +106,14 @@ def test_round_trip_over_every_host(tmp_path, name, build, nnodes):
 def test_nproc_words_follow_torchrun(tmp_path):
     environ, _ = kubeflow_v2(0, 2, tmp_path)
     for word, expected in (("3", 3), ("cpu", len(os.sched_getaffinity(0))), ("auto", len(os.sched_getaffinity(0)))):
-        cluster = platforms.resolve_cluster({**environ, "PET_NPROC_PER_NODE": word}, options(), str(tmp_path))
+        cluster = resolve_cluster({**environ, "PET_NPROC_PER_NODE": word}, options(), str(tmp_path))
         assert cluster.nproc_per_node == expected
     (tmp_path / "nvidia0").touch()
     (tmp_path / "nvidia1").touch()
     for word in ("auto", "gpu"):
-        assert platforms.resolve_cluster({**environ, "PET_NPROC_PER_NODE": word}, options(),
+        assert resolve_cluster({**environ, "PET_NPROC_PER_NODE": word}, options(),
                                          str(tmp_path)).nproc_per_node == 2
-    assert platforms.resolve_cluster({**environ, "PET_NPROC_PER_NODE": "auto"}, options("--nproc-per-node", "4"),
+    assert resolve_cluster({**environ, "PET_NPROC_PER_NODE": "auto"}, options("--nproc-per-node", "4"),
                                      str(tmp_path)).nproc_per_node == 4
 
 
@@ -159,7 +159,7 @@ BAD = [
 def test_malformed_input_is_one_line_naming_it(tmp_path, name, environ, needle):
     assert platforms.choose(environ).platform.name == name
     with pytest.raises(ConfigError) as err:
-        platforms.resolve_cluster(environ, options(), dev_dir=str(tmp_path))
+        resolve_cluster(environ, options(), dev_dir=str(tmp_path))
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
@@ -177,7 +177,7 @@ def oci_metadata(tmp_path, nodes, count):
 ])
 def test_oci_metadata_of_the_wrong_shape(tmp_path, nodes, needle):
     with pytest.raises(ConfigError, match=needle) as err:
-        platforms.resolve_cluster(oci_metadata(tmp_path, nodes, 2), options(), dev_dir=str(tmp_path))
+        resolve_cluster(oci_metadata(tmp_path, nodes, 2), options(), dev_dir=str(tmp_path))
     assert "nodes.json" in str(err.value)
 
 
@@ -196,13 +196,13 @@ def test_oci_waits_for_the_node_list_to_fill_in(tmp_path):
     writer = threading.Thread(target=second_node_starts)
     writer.start()
     start = time.monotonic()
-    cluster = platforms.resolve_cluster(environ, options("--rdzv-timeout", "20"), dev_dir=str(tmp_path))
+    cluster = resolve_cluster(environ, options("--rdzv-timeout", "20"), dev_dir=str(tmp_path))
     writer.join()
     assert time.monotonic() - start >= 1.5
     assert (cluster.master_addr, cluster.local_addr, cluster.hosts) == ("10.0.0.1", "10.0.0.2",
                                                                          ("10.0.0.1", "10.0.0.2"))
     with pytest.raises(ConfigError, match="1 of 2 nodes listed.*dry run: not waiting"):
-        platforms.resolve_cluster(oci_metadata(tmp_path, [{"Rank": 0, "IPAddress": "a"}], 2),
+        resolve_cluster(oci_metadata(tmp_path, [{"Rank": 0, "IPAddress": "a"}], 2),
                                   options("--dry-run"), dev_dir=str(tmp_path))
 
 
@@ -227,11 +227,11 @@ def test_name_wait_is_bounded_and_reports_progress(tmp_path):
 
 def test_names_to_wait_for(tmp_path):
     environ, _ = kubeflow_v2(1, 2, tmp_path)
-    cluster = platforms.resolve_cluster(environ, options(), str(tmp_path))
+    cluster = resolve_cluster(environ, options(), str(tmp_path))
     assert kubeflow.PLATFORM_V2.names_to_wait_for(cluster) == ("tj-node-0-0.tj",)
-    one = platforms.resolve_cluster(kubeflow_v2(0, 1, tmp_path)[0], options(), str(tmp_path))
+    one = resolve_cluster(kubeflow_v2(0, 1, tmp_path)[0], options(), str(tmp_path))
     assert kubeflow.PLATFORM_V2.names_to_wait_for(one) == ()
-    by_ip = platforms.resolve_cluster({**environ, "PET_MASTER_ADDR": "10.0.0.1"}, options(), str(tmp_path))
+    by_ip = resolve_cluster({**environ, "PET_MASTER_ADDR": "10.0.0.1"}, options(), str(tmp_path))
     assert kubeflow.PLATFORM_V2.names_to_wait_for(by_ip) == ()
 
 
@@ -273,7 +273,7 @@ def test_lightning_agrees_where_it_overlaps(tmp_path, monkeypatch):
 
     for i in range(3):
         environ, _ = kubeflow_per_pod(i, 3, tmp_path)
-        cluster = platforms.resolve_cluster(environ, options(), str(tmp_path))
+        cluster = resolve_cluster(environ, options(), str(tmp_path))
         for k, v in environ.items():
             monkeypatch.setenv(k, v)
         ours = (cluster.nnodes * cluster.nproc_per_node, cluster.node_rank, cluster.master_addr, cluster.master_port)
@@ -281,7 +281,7 @@ def test_lightning_agrees_where_it_overlaps(tmp_path, monkeypatch):
         assert ours == (kf.world_size(), kf.node_rank(), kf.main_address, kf.main_port)
     for i in range(2):  # torchrun-style hosts: Lightning reads MASTER_ADDR/MASTER_PORT as the main node
         environ, _ = plain(i, 2, tmp_path)
-        cluster = platforms.resolve_cluster(environ, options(), str(tmp_path))
+        cluster = resolve_cluster(environ, options(), str(tmp_path))
         for k, v in {**environ, "TORCHELASTIC_RUN_ID": "x"}.items():
             monkeypatch.setenv(k, v)
         te = TorchElasticEnvironment()

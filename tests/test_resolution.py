@@ -5,19 +5,21 @@ from __future__ import annotations
 import json
 import os
 
+import conftest
 import pytest
 
-from launcher import cli, command, platforms
+from launcher import cli, command
 from launcher.errors import ConfigError
 from launcher.options import SPECS, parse_bool, parse_invocation
 from launcher.platforms import sagemaker
+from launcher.platforms.base import HostView
 from launcher.platforms.sagemaker import hyperparameters
 
 
 def resolve_cluster(environ, nproc=None, dev_dir="/dev"):
     """The chosen platform's cluster, with ``--nproc-per-node nproc`` when given."""
     options = parse_invocation(([f"--nproc-per-node={nproc}"] if nproc else []) + ["t.py"], {}).options
-    return platforms.resolve_cluster(environ, options, dev_dir)
+    return conftest.resolve_cluster(environ, options, dev_dir)
 
 
 def write_tree(base, hosts, current, **extra):
@@ -240,8 +242,8 @@ def plan_for(tmp_path, hosts, current, argv, extra_env=None, sys_dir=None):
     script = tmp_path / "train.py"
     script.write_text("pass\n")
     inv = parse_invocation([*argv, str(script), "--lr", "0.1"], env)
-    cluster = platforms.resolve_cluster(env, inv.options, dev_dir=str(tmp_path))
-    fabric = sagemaker.PLATFORM.fabric_env(cluster, sys_dir or str(tmp_path))
+    cluster = conftest.resolve_cluster(env, inv.options, dev_dir=str(tmp_path))
+    fabric = sagemaker.PLATFORM.fabric_env(cluster, HostView(sys_dir=sys_dir or str(tmp_path)))
     return command.build_launch(cluster, inv.options, inv.script, inv.script_args, env, "/run",
                                 fabric, python="python3")
 

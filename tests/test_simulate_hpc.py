@@ -20,7 +20,7 @@ from typing import Any
 
 import hostlist
 import pytest
-from conftest import PYTHON, REPO, assert_gone, launcher_env
+from conftest import PYTHON, REPO, assert_gone, launcher_env, resolve_cluster
 from test_simulate import Simulate, processes_inside, read_json
 
 from launcher import platforms, simulate
@@ -124,8 +124,8 @@ def test_slurm_round_trip_through_the_launcher(tmp_path: Any) -> None:
     for spec in specs:
         env = dict(spec.env)
         assert platforms.choose(env).platform.name == "slurm"  # detected, not named
-        cluster = platforms.PLATFORMS["slurm"].resolve(env, parse_invocation(["train.py"], env).options,
-                                                       "/nonexistent")
+        cluster = resolve_cluster(env, parse_invocation(["train.py"], env).options,
+                                  platform=platforms.PLATFORMS["slurm"])
         views.append((cluster.node_rank, cluster.nnodes, cluster.master_addr, cluster.master_port,
                       cluster.current_host))
     assert [v[0] for v in views] == [0, 1, 2] and [v[4] for v in views] == list(config.hosts)
@@ -195,9 +195,8 @@ def test_pbs_round_trip_through_the_launcher(tmp_path: Any, monkeypatch: Any, an
     for spec in specs:
         env = dict(spec.env)
         assert platforms.choose(env).platform.name == "pbs"
-        monkeypatch.setattr(pbs_platform, "this_host", lambda name=spec.name: name)  # the host's own name
         options = parse_invocation(["train.py"], env).options
-        cluster = pbs_platform.PLATFORM.resolve(env, options, "/nonexistent")
+        cluster = resolve_cluster(env, options, hostname=spec.name, platform=pbs_platform.PLATFORM)
         views.append((cluster.node_rank, cluster.nnodes, cluster.master_addr, cluster.master_port,
                       options.nproc_per_node))
     assert [v[0] for v in views] == [0, 1, 2]

@@ -10,7 +10,7 @@ import subprocess
 
 import hostlist as python_hostlist
 import pytest
-from conftest import PYTHON, REPO, launcher_env
+from conftest import PYTHON, REPO, launcher_env, resolve_cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -80,7 +80,7 @@ def step_env(node: int = 0, nodelist: str = "node[1-2]", **extra: str) -> dict[s
 
 def resolve(environ: dict[str, str], *argv: str, dev_dir: str = "/nonexistent"):
     options = parse_invocation([*argv, "train.py"], {}).options
-    return slurm.PLATFORM.resolve(environ, options, dev_dir)
+    return resolve_cluster(environ, options, dev_dir, platform=slurm.PLATFORM)
 
 
 def test_each_node_reads_its_rank_the_master_and_the_port() -> None:

@@ -1,8 +1,9 @@
 """One module per cluster type, tried in a fixed order; :func:`choose` picks the one this host is on.
 
 Each module holds a :class:`~launcher.platforms.base.Platform` named ``PLATFORM``: ``detect(environ)``
-returns the evidence it found (nothing: not this platform), ``resolve(environ, options)`` returns the
-:class:`~launcher.cluster.Cluster`. ``--platform NAME`` (``LAUNCHER_PLATFORM``) skips detection.
+returns the evidence it found (nothing: not this platform), ``resolve(environ, host)`` returns the
+:class:`~launcher.cluster.Cluster` (``host``: a :class:`~launcher.platforms.base.HostView`).
+``--platform NAME`` (``LAUNCHER_PLATFORM``) skips detection.
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple, Optional
 
-from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
-from launcher.options import Options
 from launcher.platforms import env, kubeflow, local, oci, pbs, sagemaker, slurm, vertex
 from launcher.platforms.base import Platform
 
@@ -56,13 +55,18 @@ def detect_all(environ: Mapping[str, str]) -> tuple[tuple[str, tuple[str, ...]],
     return tuple(found)
 
 
-def choose(environ: Mapping[str, str], requested: Optional[str] = None) -> Choice:
-    """The platform this host is on: the one named by ``requested``, else the first detected."""
+def choose(environ: Mapping[str, str], requested: Optional[str] = None,
+           matches: Optional[tuple[tuple[str, tuple[str, ...]], ...]] = None) -> Choice:
+    """The platform this host is on: the one named by ``requested``, else the first detected.
+
+    ``matches``: :func:`detect_all`'s answer when the caller already has it (detection runs once).
+    """
     if environ.get("TORCHELASTIC_RUN_ID") and environ.get("LOCAL_RANK"):
         raise ConfigError("already inside a torchrun worker (TORCHELASTIC_RUN_ID="
                           f"{shown(environ['TORCHELASTIC_RUN_ID'])}, LOCAL_RANK={shown(environ['LOCAL_RANK'])}): "
                           "run the training script directly instead of launching again")
-    matches = detect_all(environ)
+    if matches is None:
+        matches = detect_all(environ)
     if requested:
         if requested not in PLATFORMS:
             raise ConfigError(f"unknown platform {shown(requested)} for --platform/LAUNCHER_PLATFORM "
@@ -75,8 +79,3 @@ def choose(environ: Mapping[str, str], requested: Optional[str] = None) -> Choic
     if others:
         why += f"; also matched: {', '.join(others)} (--platform chooses another)"
     return Choice(PLATFORMS[name], why, matches)
-
-
-def resolve_cluster(environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
-    """The cluster this host is part of: the chosen platform's reading of its files and variables."""
-    return choose(environ, options.platform).platform.resolve(environ, options, dev_dir)

@@ -3,6 +3,11 @@
 A platform module defines one subclass of :class:`Platform` and one instance of it, ``PLATFORM``.
 Only :meth:`Platform.detect` and :meth:`Platform.resolve` are required; the rest are the few things
 that differ between clusters, with defaults for a cluster that offers nothing special.
+
+A platform reads the cluster and nothing else: the environment, and the :class:`HostView` the caller
+gives it (device and sysfs directories, the host's name, and how to wait for something the cluster
+publishes late). It never sees the launcher's options: ``--nproc-per-node`` and the rest are applied
+by :mod:`launcher.command`.
 """
 
 from __future__ import annotations
@@ -11,16 +16,46 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
-from launcher.cluster import Cluster
+from launcher.cluster import MAX_NPROC, Cluster
 from launcher.errors import ConfigError, shown
-from launcher.options import MAX_NPROC, Options
 from launcher.platforms.devices import count_gpus
+
+#: One look at something the cluster publishes late: ``(value, state)``; ``None``: not there yet, and
+#: ``state`` says what is missing.
+Attempt = Callable[[], tuple[Optional[Any], str]]
 
 _ADDRESS = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
 MAX_CONFIG_BYTES = 16 << 20  # a configuration file larger than this is not one (10,000 hosts take 200 kB)
 MAX_COUNT = 1_000_000  # no count a platform publishes (hosts, ranks, devices) is larger: a typo or garbage
+
+
+def look_once(attempt: Attempt, what: str, why: str = "not waiting") -> Any:
+    """A wait that does not wait: one look, and a :class:`ConfigError` if the value is not there yet."""
+    value, state = attempt()
+    if value is None:
+        raise ConfigError(f"{what}: {state} ({why})")
+    return value
+
+
+class HostView(NamedTuple):
+    """What a platform may look at on this host besides the environment; the caller supplies it.
+
+    ``wait(attempt, what)`` calls ``attempt`` until it returns a value and returns that value, or
+    raises a one-line :class:`ConfigError` naming ``what``: a dry run looks once, a run waits up to the
+    rendezvous timeout (:func:`launcher.cli.host_view`). ``hostname`` empty: the kernel's host name.
+    """
+
+    dev_dir: str = "/dev"
+    sys_dir: str = "/sys"
+    hostname: str = ""
+    wait: Callable[[Attempt, str], Any] = look_once
+
+    @property
+    def name(self) -> str:
+        """This host's name: the given one, else the kernel's (no DNS look-up)."""
+        return self.hostname or this_host()
 
 
 class Platform:
@@ -34,22 +69,21 @@ class Platform:
     grace_period: float = 25.0
     #: How much of the failure report the platform shows (characters); 0: the report goes to stderr only.
     report_limit: int = 0
-    #: True where the platform itself starts one process per GPU (then ``--nproc-per-node`` is 1).
-    starts_process_per_gpu: bool = False
 
     def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:
         """The variables or files that show this platform (empty: not this platform). Pure."""
         raise NotImplementedError
 
-    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
-        """This node's view of the cluster. Raises :class:`ConfigError` on bad input."""
+    def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
+        """This node's view of the cluster, with the platform's own process count and the evidence for
+        each value. Raises :class:`ConfigError` on bad input."""
         raise NotImplementedError
 
     def report_path(self, environ: Mapping[str, str]) -> Optional[str]:
         """Where the platform looks for a failure report (None: stderr only)."""
         return None
 
-    def fabric_env(self, cluster: Cluster, dev_dir: str = "/dev") -> dict[str, str]:
+    def fabric_env(self, cluster: Cluster, host: HostView) -> dict[str, str]:
         """Network or fabric variables this platform's hosts need (a variable the user set wins)."""
         return {}
 
@@ -131,16 +165,14 @@ def node_rank_in(nnodes: int, rank: Optional[int], rank_name: str, count_name: s
     return rank
 
 
-def nproc_per_node(options: Options, evidence: list[str], dev_dir: str = "/dev",
+def nproc_per_node(host: HostView, evidence: list[str],
                    platform_counts: Sequence[tuple[str, Optional[int]]] = ()) -> int:
-    """Processes per node: the option, else the platform's first non-zero count, else GPUs, else 1.
+    """Processes per node: the platform's first non-zero count, else the GPUs, else 1.
 
     ``platform_counts`` are ``(variable, value)`` pairs the platform publishes (e.g. SageMaker's
     ``SM_NUM_GPUS``); a zero counts as absent (SageMaker writes 0 on CPU instances).
     """
-    if options.nproc_per_node is not None:
-        evidence.append(f"--nproc-per-node {options.nproc_per_node}")
-        return options.nproc_per_node
+    dev_dir = host.dev_dir
     for name, value in platform_counts:
         if value is not None and value > MAX_NPROC:
             raise ConfigError(f"{name}={value} is more processes per node than {MAX_NPROC}: not a device count")
@@ -157,15 +189,13 @@ def nproc_per_node(options: Options, evidence: list[str], dev_dir: str = "/dev",
     return 1
 
 
-def torchrun_nproc(word: str, name: str, options: Options, evidence: list[str], dev_dir: str = "/dev") -> int:
-    """Processes per node from a value in torchrun's ``--nproc-per-node`` language (the option wins).
+def torchrun_nproc(word: str, name: str, host: HostView, evidence: list[str]) -> int:
+    """Processes per node from a value in torchrun's ``--nproc-per-node`` language.
 
     A whole number, or torchrun's words (``torch/distributed/run.py`` ``determine_local_world_size``):
     ``gpu`` = the GPUs (none is an error), ``cpu`` = the usable CPUs, ``auto`` = the GPUs, else the CPUs.
     """
-    if options.nproc_per_node is not None:
-        evidence.append(f"--nproc-per-node {options.nproc_per_node} (instead of {name}={word})")
-        return options.nproc_per_node
+    dev_dir = host.dev_dir
     text = word.strip().lower()
     if text.isdigit():
         value = int(text)

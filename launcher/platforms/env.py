@@ -16,14 +16,13 @@ from collections.abc import Mapping
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
-from launcher.options import Options
 from launcher.platforms.base import (
+    HostView,
     Platform,
     first_set,
     node_count,
     node_rank_in,
     nproc_per_node,
-    this_host,
     torchrun_nproc,
     whole_number,
 )
@@ -46,7 +45,7 @@ class TorchrunEnvironment(Platform):
             return ()
         return tuple(f"{name} is set" for name in ADDRESSES + SHAPES if environ.get(name))
 
-    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+    def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
         evidence: list[str] = []
         rank_name = first_set(environ, ("NODE_RANK", "PET_NODE_RANK"))
         count_name = first_set(environ, ("NNODES", "PET_NNODES"))
@@ -74,11 +73,11 @@ class TorchrunEnvironment(Platform):
         evidence.append(f"{count_name}={nnodes}, {rank_name}={rank}, master {master}:{port or 'default'}")
         nproc_name = first_set(environ, ("NPROC_PER_NODE", "PET_NPROC_PER_NODE"))
         if nproc_name:
-            nproc = torchrun_nproc(environ[nproc_name], nproc_name, options, evidence, dev_dir)
+            nproc = torchrun_nproc(environ[nproc_name], nproc_name, host, evidence)
         else:
-            nproc = nproc_per_node(options, evidence, dev_dir)
+            nproc = nproc_per_node(host, evidence)
         return Cluster(platform=self.name, nnodes=nnodes, node_rank=rank, nproc_per_node=nproc,
-                       current_host=this_host(), master_addr=master, master_port=port, evidence=tuple(evidence))
+                       current_host=host.name, master_addr=master, master_port=port, evidence=tuple(evidence))
 
 
 PLATFORM = TorchrunEnvironment()

@@ -32,15 +32,14 @@ from typing import Optional
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
-from launcher.options import Options
 from launcher.platforms.base import (
+    HostView,
     Platform,
     first_set,
     host_and_port,
     node_count,
     node_rank_in,
     nproc_per_node,
-    this_host,
     torchrun_nproc,
     whole_number,
 )
@@ -54,10 +53,10 @@ def _kubernetes(environ: Mapping[str, str]) -> list[str]:
     return ["KUBERNETES_SERVICE_HOST is set"] if environ.get("KUBERNETES_SERVICE_HOST") else []
 
 
-def _nproc(environ: Mapping[str, str], options: Options, evidence: list[str], dev_dir: str) -> int:
+def _nproc(environ: Mapping[str, str], host: HostView, evidence: list[str]) -> int:
     if environ.get("PET_NPROC_PER_NODE", "").strip():
-        return torchrun_nproc(environ["PET_NPROC_PER_NODE"], "PET_NPROC_PER_NODE", options, evidence, dev_dir)
-    return nproc_per_node(options, evidence, dev_dir)
+        return torchrun_nproc(environ["PET_NPROC_PER_NODE"], "PET_NPROC_PER_NODE", host, evidence)
+    return nproc_per_node(host, evidence)
 
 
 def _port(environ: Mapping[str, str], names: tuple[str, ...]) -> Optional[int]:
@@ -73,10 +72,10 @@ class _Kubeflow(Platform):
     def report_path(self, environ: Mapping[str, str]) -> Optional[str]:
         return self.termination_log if os.access(self.termination_log, os.W_OK) else None
 
-    def _cluster(self, environ: Mapping[str, str], nnodes: int, rank: int, nproc: int, master: Optional[str],
-                 port: Optional[int], evidence: list[str]) -> Cluster:
+    def _cluster(self, environ: Mapping[str, str], host: HostView, nnodes: int, rank: int, nproc: int,
+                 master: Optional[str], port: Optional[int], evidence: list[str]) -> Cluster:
         return Cluster(platform=self.name, nnodes=nnodes, node_rank=rank, nproc_per_node=nproc,
-                       current_host=environ.get("HOSTNAME") or this_host(), master_addr=master,
+                       current_host=environ.get("HOSTNAME") or host.name, master_addr=master,
                        master_port=port, job_name=None, evidence=tuple(evidence))
 
 
@@ -94,10 +93,10 @@ class KubeflowV1(_Kubeflow):
             operator = ["PET_RDZV_ENDPOINT is set"] if environ.get("PET_RDZV_ENDPOINT") else []
         return tuple(k8s + operator) if k8s and operator else ()
 
-    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+    def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
         evidence: list[str] = []
         if not environ.get("MASTER_ADDR") and environ.get("PET_RDZV_ENDPOINT"):
-            return self._elastic(environ, options, evidence, dev_dir)
+            return self._elastic(environ, host, evidence)
         master = environ.get("PET_MASTER_ADDR") or environ.get("MASTER_ADDR") or None
         port = _port(environ, ("PET_MASTER_PORT", "MASTER_PORT")) or V1_DEFAULT_PORT
         pod_rank = whole_number(environ, "RANK")
@@ -113,13 +112,13 @@ class KubeflowV1(_Kubeflow):
             evidence.append(f"WORLD_SIZE={nnodes} pods, RANK={rank} (the pod index), master {master}:{port}")
         if nnodes > 1 and not master:
             raise ConfigError(f"MASTER_ADDR is not set (needed with {nnodes} pods)")
-        return self._cluster(environ, nnodes, rank, _nproc(environ, options, evidence, dev_dir), master, port,
+        return self._cluster(environ, host, nnodes, rank, _nproc(environ, host, evidence), master, port,
                              evidence)
 
-    def _elastic(self, environ: Mapping[str, str], options: Options, evidence: list[str], dev_dir: str) -> Cluster:
+    def _elastic(self, environ: Mapping[str, str], host: HostView, evidence: list[str]) -> Cluster:
         endpoint_host, port = host_and_port(environ["PET_RDZV_ENDPOINT"], "PET_RDZV_ENDPOINT")
         nnodes = node_count(environ, "PET_NNODES") or 1
-        pod = environ.get("HOSTNAME") or this_host()
+        pod = environ.get("HOSTNAME") or host.name
         match = _WORKER_POD.match(pod)
         if not match:
             raise ConfigError(f"HOSTNAME={shown(pod)} is not a PyTorchJob worker pod name (<job>-worker-<i>): "
@@ -130,7 +129,7 @@ class KubeflowV1(_Kubeflow):
             raise ConfigError(f"PET_RDZV_ENDPOINT={shown(environ['PET_RDZV_ENDPOINT'])} is not on {master} (node 0): "
                               "the static rendezvous needs the first pod as its host (leave rdzvHost unset)")
         evidence.append(f"PET_RDZV_ENDPOINT={endpoint_host}:{port}, PET_NNODES={nnodes}, pod {pod} -> node {rank}")
-        return self._cluster(environ, nnodes, rank, _nproc(environ, options, evidence, dev_dir), master, port,
+        return self._cluster(environ, host, nnodes, rank, _nproc(environ, host, evidence), master, port,
                              evidence)
 
 
@@ -147,7 +146,7 @@ class KubeflowV2(_Kubeflow):
             return tuple(k8s + [f"{n} is set" for n in names])
         return ()
 
-    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+    def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
         evidence: list[str] = []
         nnodes = node_count(environ, "PET_NNODES") or 1
         rank = node_rank_in(nnodes, whole_number(environ, "PET_NODE_RANK"), "PET_NODE_RANK", "PET_NNODES")
@@ -156,7 +155,7 @@ class KubeflowV2(_Kubeflow):
             raise ConfigError(f"PET_MASTER_ADDR is not set (needed with PET_NNODES={nnodes})")
         port = _port(environ, ("PET_MASTER_PORT",))
         evidence.append(f"PET_NNODES={nnodes}, PET_NODE_RANK={rank}, master {master}:{port}")
-        return self._cluster(environ, nnodes, rank, _nproc(environ, options, evidence, dev_dir), master, port,
+        return self._cluster(environ, host, nnodes, rank, _nproc(environ, host, evidence), master, port,
                              evidence)
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from launcher.cluster import Cluster
-from launcher.options import Options
-from launcher.platforms.base import Platform, nproc_per_node, this_host
+from launcher.platforms.base import HostView, Platform, nproc_per_node
 
 
 class Local(Platform):
@@ -19,11 +18,11 @@ class Local(Platform):
     def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:
         return ("always: one machine",)
 
-    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+    def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
         evidence: list[str] = []
-        nproc = nproc_per_node(options, evidence, dev_dir)
+        nproc = nproc_per_node(host, evidence)
         return Cluster(platform=self.name, nnodes=1, node_rank=0, nproc_per_node=nproc,
-                       current_host=this_host(), master_addr=None, evidence=tuple(evidence))
+                       current_host=host.name, master_addr=None, evidence=tuple(evidence))
 
 
 PLATFORM = Local()

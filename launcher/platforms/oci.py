@@ -25,8 +25,7 @@ from typing import Any, Optional
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
-from launcher.options import Options
-from launcher.platforms.base import Platform, node_rank_in, nproc_per_node, this_host, whole_number
+from launcher.platforms.base import HostView, Platform, node_rank_in, nproc_per_node, whole_number
 
 DEFAULT_PORT = 29400
 EVIDENCE = ("CLUSTER_NODES_METADATA_FILE", "JOB_RUN_OCID", "MAIN_JOB_RUN_OCID", "OCI__MODE", "OCI__WORKER_COUNT",
@@ -83,7 +82,7 @@ class OCIDataScience(Platform):
     def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:
         return tuple(f"{name} is set" for name in EVIDENCE if environ.get(name))
 
-    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+    def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
         evidence: list[str] = []
         count_name = next((n for n in ("INITIAL_CLUSTER_SIZE", "NODE_COUNT") if environ.get(n, "").strip()), None)
         if count_name:
@@ -101,7 +100,8 @@ class OCIDataScience(Platform):
             evidence.append(f"one node ({count_name})")
         elif environ.get(METADATA):
             rank = node_rank_in(nnodes, whole_number(environ, "NODE_RANK"), "NODE_RANK", count_name)
-            table = self._wait_for_nodes(environ[METADATA], nnodes, options)
+            path = environ[METADATA]
+            table = host.wait(lambda: read_nodes(path, nnodes), f"{path} to list all {nnodes} nodes")
             hosts = tuple(table[i] for i in range(nnodes))
             master, local = hosts[0], hosts[rank]
             evidence.append(f"{environ[METADATA]}: {nnodes} nodes, Rank 0 at {master}; NODE_RANK={rank}")
@@ -116,23 +116,10 @@ class OCIDataScience(Platform):
             raise ConfigError(f"OCI job run with {nnodes} nodes ({mode or count_name}) but no {METADATA}: the main "
                               "node's address is only known through OCI's API; set MASTER_ADDR (and NODE_RANK) in "
                               "the job runs' environment, or use multi-node job runs")
-        nproc = nproc_per_node(options, evidence, dev_dir)
+        nproc = nproc_per_node(host, evidence)
         return Cluster(platform=self.name, nnodes=nnodes, node_rank=rank, nproc_per_node=nproc,
-                       current_host=local or this_host(), master_addr=master, master_port=port, hosts=hosts,
+                       current_host=local or host.name, master_addr=master, master_port=port, hosts=hosts,
                        local_addr=local, job_name=None, evidence=tuple(evidence))
-
-    @staticmethod
-    def _wait_for_nodes(path: str, nnodes: int, options: Options) -> dict[int, str]:
-        if options.dry_run:  # a dry run looks once and does not wait
-            table, state = read_nodes(path, nnodes)
-            if table is None:
-                raise ConfigError(f"{path}: {state} (dry run: not waiting; a run waits up to "
-                                  f"{options.rdzv_timeout} s)")
-            return table
-        from launcher.preflight import wait_for
-
-        return wait_for(lambda: read_nodes(path, nnodes), f"{path} to list all {nnodes} nodes",
-                        float(options.rdzv_timeout))
 
 
 PLATFORM = OCIDataScience()

@@ -20,8 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
-from launcher.options import Options
-from launcher.platforms.base import Platform, nproc_per_node, this_host
+from launcher.platforms.base import HostView, Platform, nproc_per_node
 from launcher.platforms.slurm import PORT_BASE, PORT_SPAN
 
 
@@ -67,7 +66,7 @@ class Pbs(Platform):
             return ()
         return tuple(f"{name} is set" for name in ("PBS_JOBID", "PBS_NODEFILE") if environ.get(name))
 
-    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+    def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
         path = environ.get("PBS_NODEFILE", "").strip()
         if not path:
             raise ConfigError("PBS job without a node file: PBS_NODEFILE is not set")
@@ -80,9 +79,9 @@ class Pbs(Platform):
         if not hosts:
             raise ConfigError(f"PBS_NODEFILE {path} lists no host")
         source = f"PBS_NODEFILE {path}"
-        rank = find_host(hosts, this_host(), source)
+        rank = find_host(hosts, host.name, source)
         evidence = [f"{source}: {len(lines)} line(s), {len(hosts)} host(s); this node {hosts[rank]!r} is node {rank}"]
-        nproc = nproc_per_node(options, evidence, dev_dir)
+        nproc = nproc_per_node(host, evidence)
         job_id = environ.get("PBS_JOBID", "").strip()
         port = port_for(job_id) if job_id else None
         if port is not None:

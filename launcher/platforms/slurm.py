@@ -25,8 +25,7 @@ from collections.abc import Mapping
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
-from launcher.options import Options
-from launcher.platforms.base import Platform, nproc_per_node, this_host, whole_number
+from launcher.platforms.base import HostView, Platform, nproc_per_node, whole_number
 
 PORT_BASE, PORT_SPAN = 20000, 10000
 NODELIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -92,7 +91,7 @@ class Slurm(Platform):
         return tuple(f"{name} is set" for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NODEID")
                      if environ.get(name))
 
-    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+    def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
         job_id = whole_number(environ, "SLURM_JOB_ID")
         source, hosts = read_hosts(environ)
         if environ.get("SLURM_STEP_ID", "").strip():
@@ -101,7 +100,7 @@ class Slurm(Platform):
             raise ConfigError(f"run in the batch script of a {len(hosts)}-node job ({source}="
                               f"{shown(environ[source])}), not in a job step: start it on every node with "
                               "srun --ntasks-per-node=1 ...")
-        current = environ.get("SLURMD_NODENAME", "").strip() or this_host()
+        current = environ.get("SLURMD_NODENAME", "").strip() or host.name
         if current not in hosts:
             short = current.split(".")[0]
             if short not in hosts:
@@ -115,7 +114,7 @@ class Slurm(Platform):
                               f"{source}={shown(environ[source])}")
         evidence = [f"{source}={environ[source]}: {len(hosts)} host(s); this node {current!r} is node {rank}"]
         gpus = whole_number(environ, "SLURM_GPUS_ON_NODE")
-        nproc = nproc_per_node(options, evidence, dev_dir, [("SLURM_GPUS_ON_NODE", gpus)])
+        nproc = nproc_per_node(host, evidence, [("SLURM_GPUS_ON_NODE", gpus)])
         port = port_for(job_id) if job_id is not None else None
         if port is not None:
             evidence.append(f"master port {port} = {PORT_BASE} + SLURM_JOB_ID {job_id} % {PORT_SPAN}")

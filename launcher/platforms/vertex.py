@@ -19,8 +19,7 @@ from typing import Any
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
-from launcher.options import Options
-from launcher.platforms.base import Platform, host_and_port, nproc_per_node, parse_json
+from launcher.platforms.base import HostView, Platform, host_and_port, nproc_per_node, parse_json
 
 TRAINING_POOLS = ("workerpool0", "workerpool1")
 
@@ -41,7 +40,7 @@ class VertexAI(Platform):
     def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:
         return ("CLUSTER_SPEC is set",) if environ.get("CLUSTER_SPEC") else ()
 
-    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+    def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
         spec = environ.get("CLUSTER_SPEC", "")
         data = parse_json(spec, "CLUSTER_SPEC", "a JSON object")
         cluster = data.get("cluster") if isinstance(data, dict) else None
@@ -66,7 +65,7 @@ class VertexAI(Platform):
         master, port = host_and_port(primary[0], "CLUSTER_SPEC cluster.workerpool0")
         rank = index if kind == "workerpool0" else 1 + index
         evidence = [f"CLUSTER_SPEC: {len(hosts)} node(s), task {kind}[{index}] -> node {rank}, master {master}:{port}"]
-        nproc = nproc_per_node(options, evidence, dev_dir)
+        nproc = nproc_per_node(host, evidence)
         return Cluster(platform=self.name, nnodes=len(hosts), node_rank=rank, nproc_per_node=nproc,
                        current_host=hosts[rank], master_addr=master, master_port=port, hosts=hosts,
                        local_addr=hosts[rank], evidence=tuple(evidence))

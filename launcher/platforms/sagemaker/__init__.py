@@ -35,8 +35,7 @@ from typing import Any, Optional
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
-from launcher.options import Options
-from launcher.platforms.base import Platform, nproc_per_node, parse_json, read_json, whole_number
+from launcher.platforms.base import HostView, Platform, nproc_per_node, parse_json, read_json, whole_number
 from launcher.platforms.devices import rdma_drivers
 
 DEFAULT_BASE_DIR = "/opt/ml"
@@ -86,7 +85,7 @@ class SageMaker(Platform):
             found.insert(0, f"{path} exists")
         return tuple(found)
 
-    def resolve(self, environ: Mapping[str, str], options: Options, dev_dir: str = "/dev") -> Cluster:
+    def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
         evidence: list[str] = []
         resource_path = config_path(environ, "resourceconfig.json")
         interface = environ.get("SM_NETWORK_INTERFACE_NAME") or None
@@ -121,7 +120,7 @@ class SageMaker(Platform):
             raise ConfigError(f"SageMaker job without a host list: neither {shown(resource_path)} nor SM_HOSTS "
                               "nor SM_HOST_COUNT is there")
         counts = [(name, whole_number(environ, name)) for name in ("SM_NUM_GPUS", "SM_NUM_NEURONS")]
-        nproc = nproc_per_node(options, evidence, dev_dir, counts)
+        nproc = nproc_per_node(host, evidence, counts)
         return Cluster(
             platform=self.name,
             nnodes=nnodes,
@@ -141,12 +140,12 @@ class SageMaker(Platform):
     def report_path(self, environ: Mapping[str, str]) -> Optional[str]:
         return os.path.join(base_dir(environ), "output", "failure")
 
-    def fabric_env(self, cluster: Cluster, sys_dir: str = "/sys") -> dict[str, str]:
+    def fabric_env(self, cluster: Cluster, host: HostView) -> dict[str, str]:
         """NCCL on the job's interface; libfabric on EFA where the host has an EFA device."""
         env = {}
         if cluster.network_interface:
             env["NCCL_SOCKET_IFNAME"] = cluster.network_interface
-        if "efa" in rdma_drivers(sys_dir).values():
+        if "efa" in rdma_drivers(host.sys_dir).values():
             env.update({"FI_PROVIDER": "efa", "RDMAV_FORK_SAFE": "1"})
         return env
 

@@ -1,0 +1,38 @@
+"""The package's shape, read from its source with ``ast``: which modules may import which."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+from conftest import REPO
+
+PACKAGE = os.path.join(REPO, "launcher")
+
+
+def modules_under(folder: str) -> list[str]:
+    """Every ``.py`` file under ``launcher/<folder>``, as a path."""
+    root = os.path.join(PACKAGE, folder)
+    return sorted(os.path.join(d, f) for d, _, files in os.walk(root) for f in files if f.endswith(".py"))
+
+
+def imported(path: str) -> set[str]:
+    """The modules a file imports (``from a.b import c`` gives ``a.b`` and ``a.b.c``), at any depth."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_platforms_never_see_the_launchers_options() -> None:
+    # A platform reads the cluster (environment + HostView) and nothing else; options meet it in command.py.
+    offenders = {os.path.relpath(p, REPO): sorted(n for n in imported(p) if n.startswith(("launcher.options",
+                                                                                            "launcher.cli")))
+                 for p in modules_under("platforms")}
+    assert {p: n for p, n in offenders.items() if n} == {}
