@@ -256,7 +256,7 @@ def _main(args: list[str]) -> int:
 
         return bundle_main(args[1:])
     if args and args[0] in ("-h", "--help"):
-        print(help_text(__doc__, [(pl.name, pl.reads) for pl, _ in platforms.ORDER]))
+        print(help_text(__doc__, platforms.help_rows(), platforms.argv_help()))
         return 0
     environ = dict(os.environ)
     try:

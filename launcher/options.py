@@ -3,7 +3,7 @@
 Every option can be given three ways, the first one found wins:
 
 1. on the command line (see the two forms below);
-2. in the environment, as ``LAUNCHER_GRACE_PERIOD=30`` (on SageMaker: the estimator's ``environment=``);
+2. in the environment, as ``LAUNCHER_GRACE_PERIOD=30`` (set in the job's own environment);
 3. its default.
 
 Two command-line forms exist:
@@ -13,18 +13,10 @@ Two command-line forms exist:
   word is the training script, and everything after it belongs to the script untouched. ``--`` ends
   the options (``ddp-launcher -- train.py``). Boolean options take an optional
   ``True/False/true/false/1/0`` after them.
-- The SageMaker form, where the launcher is the estimator's ``entry_point`` and the script is a
-  hyperparameter. AWS's toolkit renders the hyperparameters as ``--key value`` *pairs*, sorted by
-  key, always a key and then exactly one value (an empty word for ``None``): ``--epochs 25
-  --launcher-grace-period 30 --lr 0.1 --train-script train.py``. An argv that, read as such pairs
-  from its first word, has the key ``--train-script`` (or ``--train_script``) is the SageMaker form.
-  Its launcher options live in their own namespace, so no hyperparameter of a training script can
-  collide with them: ``train-script`` and keys starting ``launcher-`` or ``launcher_``
-  (``launcher-grace-period``, ``launcher_nproc_per_node``, ``launcher-dry-run`` with ``True`` or
-  ``False``, ...); an unknown ``launcher-`` key is an error. Every other pair reaches the script
-  exactly as AWS rendered it, in order: a value is never read as an option, whatever it looks like
-  (a hyperparameter ``{"mode": "--launcher-dry-run"}`` is the script's business). A launcher key
-  given twice (``launcher-grace-period`` and ``launcher_grace_period``) is an error.
+- A platform's own form, for a platform whose jobs cannot pass the launcher's flags as written: a
+  platform module recognises it from the argv alone and reads out the launcher's options by name
+  (:meth:`launcher.platforms.base.Platform.read_argv`); this module converts and checks their values
+  as it does the plain form's. A boolean without a value is ``true``; any other option needs one.
 
 Counts have sane bounds (a value outside them is a typo, not a plan): at most ``MAX_NPROC``
 processes per host, grace period and rendezvous timeout at most a day, at most ``MAX_RESTARTS``
@@ -36,15 +28,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Callable, NamedTuple, Optional
 
+from launcher import platforms
 from launcher.cluster import MAX_NPROC
 from launcher.errors import ConfigError, shown
+from launcher.platforms.base import ArgvPairs
 
 ENV_PREFIX = "LAUNCHER_"
 MAX_SECONDS = 86400  # a day: the longest grace period or rendezvous timeout that is not a typo
 MAX_RESTARTS = 100
 MIN_HEARTBEAT_TIMEOUT = 1.5  # heartbeats come every second (every third of the timeout below 3 s)
-SCRIPT_KEYS = ("--train-script", "--train_script")
-SAGEMAKER_PREFIXES = ("--launcher-", "--launcher_")  # the SageMaker form's keys for the other options
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
@@ -73,7 +65,7 @@ def _heartbeat(text: str) -> float:
 
 
 def parse_bool(text: str) -> bool:
-    """``True/False/true/false/1/0/yes/no`` as SageMaker and people write them."""
+    """``True/False/true/false/1/0/yes/no`` as platforms and people write them."""
     lowered = text.strip().lower()
     if lowered in _TRUE:
         return True
@@ -117,16 +109,15 @@ class Spec(NamedTuple):
 
 
 SPECS: tuple[Spec, ...] = (
-    Spec("train_script", str, None, "a path", "the training script (the SageMaker form names it so)",
-         metavar="PATH"),
+    Spec("train_script", str, None, "a path",
+         "the training script (instead of the first word; a platform's own form names it so)", metavar="PATH"),
     Spec("platform", str, None, "a platform name", "skip detection: the cluster type to read (see below)",
          metavar="NAME"),
     Spec("nproc_per_node", _whole_number(1, MAX_NPROC), None, f"a whole number 1-{MAX_NPROC}",
-         "processes per host; default the platform's count (SM_NUM_GPUS, SLURM_GPUS_ON_NODE, "
-         "PET_NPROC_PER_NODE, ...), else one per GPU found, else 1", metavar="N"),
+         "processes per host; default the platform's count (see the platforms), else one per GPU found, "
+         "else 1", metavar="N"),
     Spec("master_port", _whole_number(1, 65535), None, "a port 1-65535",
-         "port of the rendezvous on the first host; default the platform's (SageMaker 7777, Kubeflow's "
-         "MASTER_PORT, ...), else 29500",
+         "port of the rendezvous on the first host; default the platform's (see the platforms), else 29500",
          metavar="PORT"),
     Spec("rdzv_timeout", _whole_number(1, MAX_SECONDS), 900, f"whole seconds 1-{MAX_SECONDS}",
          "how long hosts wait for each other at the start", metavar="SECONDS"),
@@ -134,7 +125,7 @@ SPECS: tuple[Spec, ...] = (
          "torchrun restarts of the workers", metavar="N"),
     Spec("grace_period", _seconds, None, f"seconds > 0, at most {MAX_SECONDS}",
          "after a stop signal, how long workers may take before the whole tree is killed; default "
-         "inside the platform's own kill window (SageMaker 90, Kubernetes and SLURM 25, PBS 8, local 30)",
+         "the platform's, inside its own kill window (see the platforms)",
          metavar="SECONDS"),
     Spec("watch_port", _whole_number(1, 65535), None, "a port 1-65535",
          "port of the job watch on the first host (the launchers' heartbeats; a failed or silent host "
@@ -176,7 +167,6 @@ class Invocation(NamedTuple):
     options: Options
     script: str
     script_args: tuple[str, ...]
-    sagemaker_form: bool
 
 
 def _convert(spec: Spec, text: str, source: str) -> object:
@@ -192,47 +182,15 @@ def _split_flag(token: str) -> tuple[Optional[Spec], Optional[str]]:
     return spec, (inline if sep else None)
 
 
-def is_sagemaker_form(argv: Sequence[str]) -> bool:
-    """True if ``argv``, read as ``--key value`` pairs from its first word, has the key ``--train-script``."""
-    return any(key in SCRIPT_KEYS for key in argv[0::2])
-
-
-def _sagemaker_key(spec: Spec) -> str:
-    return "launcher-" + spec.name.replace("_", "-")
-
-
-def _sagemaker_spec(key: str) -> Optional[Spec]:
-    """The option a SageMaker-form key names: ``--train-script`` or ``--launcher-<name>``; else None."""
-    if key in SCRIPT_KEYS:
-        return _BY_NAME["train_script"]
-    prefix = next((p for p in SAGEMAKER_PREFIXES if key.startswith(p)), None)
-    if prefix is None:
-        return None
-    spec = _BY_NAME.get(key[len(prefix):].replace("-", "_"))
-    if spec is None:
-        raise ConfigError(f"unknown launcher hyperparameter {shown(key)} (known: train-script, "
-                          f"{', '.join(_sagemaker_key(s) for s in SPECS if s.name != 'train_script')})")
-    return spec
-
-
-def _parse_sagemaker(tokens: Sequence[str]) -> tuple[dict[str, object], list[str]]:
-    """The SageMaker form: ``--key value`` pairs; the launcher's keys out, every other pair kept in order."""
+def _from_pairs(pairs: ArgvPairs) -> tuple[dict[str, object], list[str]]:
+    """A platform's own form: the options it read out converted (a boolean without a value is true)."""
     given: dict[str, object] = {}
-    keys: dict[str, str] = {}
-    rest: list[str] = []
-    for i in range(0, len(tokens), 2):
-        key, pair = tokens[i], tokens[i:i + 2]
-        spec = _sagemaker_spec(key)
-        if spec is None:
-            rest.extend(pair)
-            continue
-        if spec.name in given:
-            raise ConfigError(f"launcher hyperparameter given twice: {keys[spec.name]} and {shown(key)}")
-        if len(pair) == 1 and not spec.is_bool:
+    for name, key, text in pairs.options:
+        spec = _BY_NAME[name]
+        if text is None and not spec.is_bool:
             raise ConfigError(f"hyperparameter {key} needs a value ({spec.expects})")
-        given[spec.name] = _convert(spec, pair[1] if len(pair) == 2 else "true", key)
-        keys[spec.name] = key
-    return given, rest
+        given[name] = _convert(spec, "true" if text is None else text, key)
+    return given, list(pairs.rest)
 
 
 def _parse_plain(tokens: Sequence[str]) -> tuple[dict[str, object], list[str]]:
@@ -269,13 +227,13 @@ def _parse_plain(tokens: Sequence[str]) -> tuple[dict[str, object], list[str]]:
 def parse_invocation(argv: Sequence[str], environ: Mapping[str, str]) -> Invocation:
     """Split ``argv`` into the launcher's options, the training script and the script's args.
 
-    Raises :class:`ConfigError` for an unknown option before the script (plain form) or an unknown
-    ``launcher-`` key (SageMaker form), a missing value, a value of the wrong type or out of bounds,
+    Raises :class:`ConfigError` for an unknown option before the script (plain form) or one a
+    platform's own form rejects, a missing value, a value of the wrong type or out of bounds,
     or no usable script.
     """
     tokens = list(argv)
-    sagemaker_form = is_sagemaker_form(tokens)
-    given, rest = _parse_sagemaker(tokens) if sagemaker_form else _parse_plain(tokens)
+    pairs = platforms.read_argv(tokens, [spec.name for spec in SPECS])
+    given, rest = _from_pairs(pairs) if pairs is not None else _parse_plain(tokens)
 
     values: dict[str, object] = {}
     for spec in SPECS:
@@ -294,13 +252,13 @@ def parse_invocation(argv: Sequence[str], environ: Mapping[str, str]) -> Invocat
         script, script_args = rest[0], tuple(rest[1:])
     else:
         raise ConfigError("no training script: give it as the first argument or as --train-script "
-                          "(SageMaker hyperparameter 'train-script')")
+                          "(hyperparameter 'train-script')")
     if not script:
         raise ConfigError("invalid value for --train-script: '' (expected a path)")
     if script.startswith("-"):
         raise ConfigError(f"the training script cannot start with '-': {shown(script)} (torchrun would "
                           "take it for one of its own options; write ./ before the name)")
-    return Invocation(options, script, script_args, sagemaker_form)
+    return Invocation(options, script, script_args)
 
 
 def option_rows() -> list[tuple[str, str, str]]:
@@ -314,8 +272,9 @@ def option_rows() -> list[tuple[str, str, str]]:
     return rows
 
 
-def help_text(manual: str, platforms: Sequence[tuple[str, str]]) -> str:
-    """``--help``: the command's manual, then the options and platforms, from the parser's own tables."""
+def help_text(manual: str, rows: Sequence[tuple[str, str]], forms: Sequence[str] = ()) -> str:
+    """``--help``: the command's manual, the options, each platform's own argv form (``forms``) and the
+    platforms (``rows``: name and what it reads), from the parser's and the platforms' own tables."""
     import textwrap  # only for --help
 
     def table(rows: Sequence[tuple[str, str]]) -> list[str]:
@@ -329,9 +288,8 @@ def help_text(manual: str, platforms: Sequence[tuple[str, str]]) -> str:
 
     lines = [manual.strip(), "", "Options (each also LAUNCHER_<NAME> in the environment):", ""]
     lines += table([(flag, meaning) for flag, _, meaning in option_rows()])
-    lines += ["", "In the SageMaker form (hyperparameters, --key value pairs) the options are the keys "
-              "train-script and", "launcher-<option> or launcher_<option> (e.g. launcher-grace-period); "
-              "every other key goes to the script."]
+    for form in forms:
+        lines += ["", *textwrap.wrap(form, 100)]
     lines += ["", "Platforms, in detection order (the first whose variables or files are present wins):", ""]
-    lines += table(list(platforms))
+    lines += table(list(rows))
     return "\n".join(lines) + "\n"

@@ -27,7 +27,7 @@ from launcher.cluster import Cluster
 from launcher.errors import ConfigError
 from launcher.options import MAX_NPROC, MAX_RESTARTS, MAX_SECONDS, SPECS, parse_invocation
 from launcher.platforms import sagemaker
-from launcher.platforms.sagemaker import hyperparameters
+from launcher.platforms.sagemaker import argv as aws_argv
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PER_PLATFORM = settings(FUZZ, max_examples=100)  # the number of platform modules grows: keep the file < 30 s
@@ -158,9 +158,9 @@ def test_hyperparameters_json(dirs, content, argv):
 @FUZZ
 @given(raw=st.dictionaries(_text, st.one_of(_hp_values, VALUES), max_size=6))
 def test_hyperparameter_decoding_and_rendering_match_aws(raw):
-    decoded = hyperparameters.decode(raw)
-    user = hyperparameters.user_hyperparameters(decoded)
-    assert hyperparameters.render_args(user) == mapping.to_cmd_args(user)
+    decoded = aws_argv.decode(raw)
+    user = aws_argv.user_hyperparameters(decoded)
+    assert aws_argv.render_args(user) == mapping.to_cmd_args(user)
 
 
 # --- the launcher's argv, both forms, and its LAUNCHER_* variables -----------------------------
@@ -188,7 +188,7 @@ def test_options_both_forms(argv, environ):
     assert o.grace_period is None or (math.isfinite(o.grace_period) and 0 < o.grace_period <= MAX_SECONDS)
     assert 1 <= o.rdzv_timeout <= MAX_SECONDS and 0 <= o.max_restarts <= MAX_RESTARTS
     assert o.master_port is None or 1 <= o.master_port <= 65535
-    if inv.sagemaker_form:  # the script's words are whole pairs of the argv, in order
+    if aws_argv.is_pairs_form(argv):  # the script's words are whole pairs of the argv, in order
         pairs = [tuple(argv[i:i + 2]) for i in range(0, len(argv), 2)]
         kept = [tuple(inv.script_args[i:i + 2]) for i in range(0, len(inv.script_args), 2)]
         assert all(pair in pairs for pair in kept)
@@ -269,7 +269,7 @@ LAUNCHER_HYPERPARAMETERS = st.fixed_dictionaries({}, optional={
 def test_generated_hyperparameters_reach_the_script_as_aws_renders_them(user, ours, spelling):
     argv = mapping.to_cmd_args({**user, **ours, spelling: "x.py"})  # AWS sorts every key together
     inv = parse_invocation(argv, {})
-    assert inv.sagemaker_form and inv.script == "x.py"
+    assert aws_argv.is_pairs_form(argv) and inv.script == "x.py"
     assert list(inv.script_args) == mapping.to_cmd_args(user)
     o = inv.options
     assert o.grace_period == ours.get("launcher-grace-period")

@@ -20,6 +20,7 @@ from sagemaker_training import mapping
 
 from launcher.errors import ConfigError
 from launcher.options import SPECS, parse_invocation
+from launcher.platforms.sagemaker import argv as aws_argv
 
 MAX_LINE = 600  # an error line quotes at most errors.MAX_SHOWN characters of a value, plus its own words
 MARKER_SCRIPT = "import os, sys\nopen(os.environ['MARKER'], 'w').write(repr(sys.argv))\n"
@@ -211,7 +212,7 @@ def test_launcher_words_as_hyperparameter_names_or_values_reach_the_script(word)
         user = {word.lstrip("-"): value, "mode": word, "z": [word, "1"], "cfg": {word: "1"}}
         argv = mapping.to_cmd_args({**user, "train-script": "train.py"})
         inv = parse_invocation(argv, {})
-        assert inv.sagemaker_form and inv.script == "train.py"
+        assert aws_argv.is_pairs_form(argv) and inv.script == "train.py"
         assert list(inv.script_args) == mapping.to_cmd_args(user)
         defaults = parse_invocation(["train.py"], {}).options
         assert inv.options == defaults._replace(train_script="train.py")
@@ -245,7 +246,8 @@ def test_bad_launcher_hyperparameters(argv, needle):
 def test_train_script_among_the_scripts_arguments_is_the_plain_form():
     for argv in (["t.py", "--train-script", "x"], ["--nproc-per-node", "2", "t.py", "--train-script", "x"]):
         inv = parse_invocation(argv, {})
-        assert not inv.sagemaker_form and inv.script == "t.py" and inv.script_args[-2:] == ("--train-script", "x")
+        assert not aws_argv.is_pairs_form(argv)
+        assert inv.script == "t.py" and inv.script_args[-2:] == ("--train-script", "x")
 
 
 def test_a_dry_run_value_trains_for_real(tmp_path):

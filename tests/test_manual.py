@@ -8,7 +8,7 @@ import subprocess
 from conftest import PYTHON, REPO, launcher_env
 
 from launcher import platforms
-from launcher.options import option_rows
+from launcher.options import help_text, option_rows
 
 ROW = re.compile(r"^\| `(--[^`]+)` \| `(LAUNCHER_[A-Z_]+)` \| (.+) \|$")
 
@@ -31,3 +31,20 @@ def test_help_is_plain_text_from_the_same_tables():
         assert flag in out
     for platform, _why in platforms.ORDER:
         assert re.search(rf"^  {re.escape(platform.name)} ", out, re.M), platform.name
+
+
+def test_readme_platform_defaults_are_the_platforms_attributes():
+    # Grace periods and report limits are facts of the platform modules: the README's table is generated.
+    expected = [f"| `{pl.name}` | {pl.grace_period:g} s | {pl.report_limit or 'stderr only'} |"
+                for pl, _ in platforms.ORDER]
+    with open(f"{REPO}/README.md", encoding="utf-8") as fh:
+        text = fh.read()
+    found = re.findall(r"^\| `[a-z0-9-]+` \| [0-9.]+ s \| (?:\d+|stderr only) \|$", text, re.M)
+    assert found == expected, "README's defaults table should read:\n" + "\n".join(expected)
+
+
+def test_help_states_each_platforms_grace_period_and_report_from_its_attributes():
+    text = " ".join(help_text("", platforms.help_rows(), platforms.argv_help()).split())
+    for pl, _ in platforms.ORDER:
+        assert f"{pl.name} {pl.reads}; {platforms.stop_and_report(pl)}" in text
+    assert "grace period 90 s; failure report: its first 1024 characters shown" in text  # SageMaker's

@@ -39,7 +39,8 @@ import pytest
 from conftest import PYTHON, REPO, TRAIN_SCRIPTS, assert_gone, free_port, launcher_env
 from nbclient import NotebookClient
 
-from launcher.platforms.sagemaker import bundle, hyperparameters
+from launcher.platforms.sagemaker import argv as aws_argv
+from launcher.platforms.sagemaker import bundle
 
 NOTEBOOKS = os.path.join(REPO, "notebooks")
 SAGEMAKER_NOTEBOOK = os.path.join(NOTEBOOKS, "sagemaker_ddp.ipynb")
@@ -398,7 +399,7 @@ def test_what_was_submitted_trains_under_aws_toolkit(submitted, endpoint, tmp_pa
     # The recorded hyperparameters, decoded as AWS's toolkit decodes them; simulate adds the SDK's own
     # sagemaker_* entries again (pointing at its local copy of the source).
     raw = submitted.description["HyperParameters"]
-    recorded = hyperparameters.user_hyperparameters(hyperparameters.decode(raw))
+    recorded = aws_argv.user_hyperparameters(aws_argv.decode(raw))
     workdir = tmp_path / "job"
     command = [PYTHON, "-m", "launcher", "simulate", "--hosts", "2", "--nproc-per-node", "1",
                "--instance-type", INSTANCE_TYPE, "--workdir", str(workdir), "--toolkit",

@@ -13,7 +13,7 @@ from launcher.errors import ConfigError
 from launcher.options import SPECS, parse_bool, parse_invocation
 from launcher.platforms import sagemaker
 from launcher.platforms.base import HostView
-from launcher.platforms.sagemaker import hyperparameters
+from launcher.platforms.sagemaker import argv as aws_argv
 
 
 def resolve_cluster(environ, nproc=None, dev_dir="/dev"):
@@ -140,7 +140,7 @@ def test_positional_form_passes_script_args_untouched():
                             "9"], {})
     assert inv.script == "train.py"
     assert inv.script_args == ("--lr", "0.1", "--name", "a b", "--nproc-per-node", "9")
-    assert inv.options.nproc_per_node == 2 and not inv.sagemaker_form
+    assert inv.options.nproc_per_node == 2
 
 
 @pytest.mark.parametrize("flag", ["--train-script", "--train_script"])
@@ -149,7 +149,7 @@ def test_sagemaker_form_in_either_spelling(flag):
     argv = ["-b", "3", "--cfg", "a=1", "--epochs", "10", "--flag", "True", "--launcher-master-port", "2345",
             "--launcher_grace_period", "30", "--name", "a b", flag, "train.py", "--x", ""]
     inv = parse_invocation(argv, {})
-    assert inv.sagemaker_form and inv.script == "train.py"
+    assert aws_argv.is_pairs_form(argv) and inv.script == "train.py"
     assert inv.script_args == ("-b", "3", "--cfg", "a=1", "--epochs", "10", "--flag", "True", "--name", "a b",
                                "--x", "")
     assert inv.options.grace_period == 30.0 and inv.options.master_port == 2345
@@ -206,22 +206,22 @@ AWS_ARGV = ["-b", "3", "--cfg", "a=1,b=x", "--epochs", "10", "--flag", "True", "
 def test_render_matches_aws_toolkit():
     from sagemaker_training import mapping  # AWS's real implementation
 
-    user = hyperparameters.user_hyperparameters(hyperparameters.decode(SDK_V2_FILE))
-    assert hyperparameters.render_args(user) == AWS_ARGV
+    user = aws_argv.user_hyperparameters(aws_argv.decode(SDK_V2_FILE))
+    assert aws_argv.render_args(user) == AWS_ARGV
     assert mapping.to_cmd_args(user) == AWS_ARGV
 
 
 def test_render_one_letter_and_contract_example():
     hps = {"epochs": 10, "flag": True, "name": "a b", "cfg": {"a": 1}, "b": 3}
-    assert hyperparameters.render_args(hps) == \
+    assert aws_argv.render_args(hps) == \
         ["-b", "3", "--cfg", "a=1", "--epochs", "10", "--flag", "True", "--name", "a b"]
 
 
 def test_split_argv_is_repaired_and_intact_argv_is_not():
     split = " ".join(AWS_ARGV).split()
-    assert hyperparameters.repair_split_argv(split, SDK_V2_FILE) == AWS_ARGV
-    assert hyperparameters.repair_split_argv(AWS_ARGV, SDK_V2_FILE) is None
-    assert hyperparameters.repair_split_argv(["t.py", "--other"], SDK_V2_FILE) is None
+    assert aws_argv.repair_split_argv(split, SDK_V2_FILE) == AWS_ARGV
+    assert aws_argv.repair_split_argv(AWS_ARGV, SDK_V2_FILE) is None
+    assert aws_argv.repair_split_argv(["t.py", "--other"], SDK_V2_FILE) is None
 
 
 def test_plan_repairs_split_argv_and_says_so(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ import pytest
 from conftest import PYTHON, REPO, LiveProcess, assert_gone, launcher_env
 
 from launcher import proctree, simulate
-from launcher.platforms.sagemaker import hyperparameters
+from launcher.platforms.sagemaker import argv as aws_argv
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "ddp_allreduce.py")
 RUN_TIMEOUT = 150.0
@@ -396,7 +396,7 @@ def test_script_words_become_hyperparameters() -> None:
     assert script == "t.py"
     assert hps == {"epochs": 3, "name": "a b", "flag": True, "lr": 0.5, "b": -1, "cfg": {"a": 1}}
     raw = simulate.encode_hyperparameters(hps)
-    assert hyperparameters.render_args(hyperparameters.decode(raw)) == \
+    assert aws_argv.render_args(aws_argv.decode(raw)) == \
         ["-b", "-1", "--cfg", "a=1", "--epochs", "3", "--flag", "True", "--lr", "0.5", "--name", "a b"]
 
 

@@ -8,12 +8,12 @@ returns the evidence it found (nothing: not this platform), ``resolve(environ, h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
 from launcher.errors import ConfigError, shown
 from launcher.platforms import env, kubeflow, local, oci, pbs, sagemaker, slurm, vertex
-from launcher.platforms.base import Platform
+from launcher.platforms.base import ArgvPairs, Platform
 
 # Detection order: the first platform whose evidence is present wins. Why each stands where it does:
 ORDER: tuple[tuple[Platform, str], ...] = (
@@ -79,3 +79,29 @@ def choose(environ: Mapping[str, str], requested: Optional[str] = None,
     if others:
         why += f"; also matched: {', '.join(others)} (--platform chooses another)"
     return Choice(PLATFORMS[name], why, matches)
+
+
+def read_argv(argv: Sequence[str], names: Sequence[str]) -> Optional[ArgvPairs]:
+    """The launcher's options in a platform's own argv form (the first platform that recognises ``argv``
+    reads it, whatever platform this host is on); None: the plain form."""
+    for platform, _ in ORDER:
+        pairs = platform.read_argv(argv, names)
+        if pairs is not None:
+            return pairs
+    return None
+
+
+def argv_help() -> list[str]:
+    """Each platform's ``--help`` line about its own argv form."""
+    return [platform.argv_help for platform in PLATFORMS.values() if platform.argv_help]
+
+
+def stop_and_report(platform: Platform) -> str:
+    """The platform's default grace period and how much of the report it shows, from its attributes."""
+    shown_where = f"its first {platform.report_limit} characters shown" if platform.report_limit else "stderr only"
+    return f"grace period {platform.grace_period:g} s; failure report: {shown_where}"
+
+
+def help_rows() -> list[tuple[str, str]]:
+    """``--help``'s platform table: name, what it reads, its grace period and report (detection order)."""
+    return [(platform.name, f"{platform.reads}; {stop_and_report(platform)}") for platform, _ in ORDER]

@@ -58,6 +58,13 @@ class HostView(NamedTuple):
         return self.hostname or this_host()
 
 
+class ArgvPairs(NamedTuple):
+    """The launcher's options as a platform's own argv form carries them, and the script's words."""
+
+    options: tuple[tuple[str, str, Optional[str]], ...]  # (option name, key as written, value; None: none given)
+    rest: tuple[str, ...]
+
+
 class Platform:
     """One kind of cluster: how to recognise it and how to read this node's place in it."""
 
@@ -69,6 +76,8 @@ class Platform:
     grace_period: float = 25.0
     #: How much of the failure report the platform shows (characters); 0: the report goes to stderr only.
     report_limit: int = 0
+    #: For ``--help``: how the launcher's options are written in the platform's own argv form ("": none).
+    argv_help: str = ""
 
     def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:
         """The variables or files that show this platform (empty: not this platform). Pure."""
@@ -95,6 +104,12 @@ class Platform:
             return ()
         names = (cluster.master_addr, cluster.local_addr)
         return tuple(dict.fromkeys(n for n in names if n and not is_address(n)))
+
+    def read_argv(self, argv: Sequence[str], names: Sequence[str]) -> Optional[ArgvPairs]:
+        """The launcher's options (``names``) in this platform's own argv form; None: ``argv`` is not in
+        it. A platform whose jobs cannot carry the launcher's flags as written (SageMaker renders
+        hyperparameters) defines one; it is recognised on any platform, from the argv alone."""
+        return None
 
     def prepare_argv(self, argv: Sequence[str], environ: Mapping[str, str], notes: list[str]) -> list[str]:
         """The launcher's argv as the platform meant it (a platform may repair what it damaged)."""

@@ -18,12 +18,12 @@ the job's FailureReason. StopTrainingJob sends SIGTERM and SIGKILL 120 s later.
 SDK 3.x (``ModelTrainer``) jobs need nothing else: SageMaker writes the same ``resourceconfig.json``;
 the SDK's basic script driver runs the entry script from ``/opt/ml/input/data/code`` with the
 hyperparameters as ``--key value`` pairs in the order given (text as is, anything else as JSON:
-``true``, ``[1, 2]``), which is the SageMaker form of :mod:`launcher.options`; and
+``true``, ``[1, 2]``), which is the SageMaker form (:mod:`.argv`); and
 :meth:`SageMaker.prepare_argv` leaves such an argv alone (it is never SDK 2.x's rendering split at spaces).
 
-The rest of the SageMaker-only code lives beside this module: ``hyperparameters`` (AWS's rendering
-of hyperparameters into argv, and the repair of an argv an old toolkit split) and ``bundle`` (what an
-estimator uploads).
+The rest of the SageMaker-only code lives beside this module: ``argv`` (AWS's rendering of
+hyperparameters into argv, the repair of an argv an old toolkit split, and the launcher's options
+read back from those pairs) and ``bundle`` (what an estimator uploads).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from typing import Any, Optional
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
-from launcher.platforms.base import HostView, Platform, nproc_per_node, parse_json, read_json, whole_number
+from launcher.platforms.base import ArgvPairs, HostView, Platform, nproc_per_node, parse_json, read_json, whole_number
 from launcher.platforms.devices import rdma_drivers
+from launcher.platforms.sagemaker import argv as aws_argv
 
 DEFAULT_BASE_DIR = "/opt/ml"
 MASTER_PORT = 7777  # what AWS's PyTorch containers export as MASTER_PORT
@@ -149,17 +150,21 @@ class SageMaker(Platform):
             env.update({"FI_PROVIDER": "efa", "RDMAV_FORK_SAFE": "1"})
         return env
 
+    argv_help = aws_argv.HELP
+
+    def read_argv(self, argv: Sequence[str], names: Sequence[str]) -> Optional[ArgvPairs]:
+        """The SageMaker form: AWS's ``--key value`` pairs with ``train-script`` (:mod:`.argv`)."""
+        return aws_argv.read_pairs(argv, names)
+
     def prepare_argv(self, argv: Sequence[str], environ: Mapping[str, str], notes: list[str]) -> list[str]:
         """Rebuild an argv that an AWS toolkit older than 5.1.4 split at spaces."""
-        from launcher.platforms.sagemaker import hyperparameters
-
         path = config_path(environ, "hyperparameters.json")
         if not os.path.exists(path):
             return list(argv)
         raw = read_json(path)
         if not isinstance(raw, dict):
             raise ConfigError(f"{shown(path)}: expected a JSON object, found {shown(raw)}")
-        repaired = hyperparameters.repair_split_argv(argv, raw)
+        repaired = aws_argv.repair_split_argv(argv, raw)
         if repaired is None:
             return list(argv)
         notes.append(f"the argv was split at spaces by an old AWS toolkit; rebuilt it from {path}: "

@@ -14,7 +14,8 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.platforms.sagemaker import bundle, hyperparameters
+from launcher.platforms.sagemaker import argv as aws_argv
+from launcher.platforms.sagemaker import bundle
 from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import HostSpec, caller_environment, in_namespaces, make_workdir, write_json
 from launcher.simulate.hosts.sagemaker_env import estimator_environment, host_environment
@@ -76,8 +77,8 @@ def host_argv(config: Config, raw_hps: Mapping[str, str]) -> tuple[str, ...]:
     """The host's command: ``python launch.py <AWS's argv>``, or the toolkit's ``train``."""
     if config.toolkit:
         return tuple(config.toolkit)
-    rendered = hyperparameters.render_args(hyperparameters.user_hyperparameters(
-        hyperparameters.decode(raw_hps)))
+    rendered = aws_argv.render_args(aws_argv.user_hyperparameters(
+        aws_argv.decode(raw_hps)))
     return (sys.executable, bundle.ENTRY_POINT, *rendered)
 
 

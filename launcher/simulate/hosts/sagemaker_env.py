@@ -10,7 +10,8 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.platforms.sagemaker import bundle, hyperparameters
+from launcher.platforms.sagemaker import argv as aws_argv
+from launcher.platforms.sagemaker import bundle
 from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import ADDRESS, in_namespaces
 from launcher.simulate.hosts.sagemaker_files import GROUP, LOG_LEVEL, REGION
@@ -49,7 +50,7 @@ def _distribution_hosts(resource: Mapping[str, Any], framework: Mapping[str, Any
 def training_env(base: str, resource: Mapping[str, Any], data_config: Mapping[str, Any],
                  raw_hps: Mapping[str, str], job_name: str) -> dict[str, Any]:
     """``dict(Environment())``: every property of AWS's toolkit environment for this host."""
-    decoded = hyperparameters.decode(raw_hps)
+    decoded = aws_argv.decode(raw_hps)
     sagemaker = {k: v for k, v in decoded.items() if k in TOOLKIT_KEYS or k.startswith("sagemaker_")}
     framework = {k: v for k, v in sagemaker.items() if k not in TOOLKIT_KEYS}
     groups = resource.get("instance_groups", [])
@@ -104,7 +105,7 @@ def toolkit_env(base: str, resource: Mapping[str, Any], data_config: Mapping[str
         "hps": env["hyperparameters"], "user_entry_point": env["user_entry_point"],
         "framework_params": env["additional_framework_parameters"],
         "channels": sorted(env["channel_input_dirs"]), "training_env": env,
-        "user_args": hyperparameters.render_args(env["hyperparameters"]),
+        "user_args": aws_argv.render_args(env["hyperparameters"]),
         **{k: env[k] for k in ("resource_config", "input_data_config", "output_data_dir",
                                "current_host", "current_instance_type", "current_instance_group",
                                "current_instance_group_hosts", "instance_groups",
