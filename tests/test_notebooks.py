@@ -22,6 +22,7 @@ import json
 import os
 import posixpath
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -392,6 +393,11 @@ def test_what_was_submitted_trains_under_aws_toolkit(submitted, endpoint, tmp_pa
     code = tmp_path / "code"
     with tarfile.open(fileobj=io.BytesIO(submitted.source_tar), mode="r:gz") as tar:
         tar.extractall(code, filter="data")
+    # The bundle never ships launcher/simulate (it runs on a workstation, not in a job): add the
+    # workstation's copy beside the uploaded package, which is what runs on the simulated hosts.
+    assert not (code / "launcher" / "simulate").exists()
+    shutil.copytree(os.path.join(REPO, "launcher", "simulate"), code / "launcher" / "simulate",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     s3 = endpoint.client("s3")
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"]
                 for c in submitted.description["InputDataConfig"]}
