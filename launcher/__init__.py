@@ -5,17 +5,46 @@ nodes, this node's rank, the master and the processes per node, and supervises o
 ``python -m torch.distributed.run`` per host. It uses only the Python standard library and never
 imports torch in its own process.
 
-Map of the modules, in the order a launch goes through them:
+Map of the modules, in the order a launch goes through them (``tests/test_structure.py`` checks that it
+names every module and only modules that exist):
 
-- ``options``: the launcher's own options (flags, SageMaker hyperparameters, ``LAUNCHER_*``).
-- ``hyperparameters``: AWS's rendering of ``hyperparameters.json`` into argv, and its repair.
-- ``platforms/``: one file per cluster type; each turns files and variables into a ``Cluster``.
+- ``cli``: ties it together (``python -m launcher``, ``ddp-launcher``): ``plan()`` decides, ``run()`` starts.
+- ``options``: the launcher's own options (flags, ``LAUNCHER_*``, a platform's own argv form) and ``--help``.
+- ``errors``: ``ConfigError`` (bad input: exit 2, one line) and how a bad value is quoted.
+- ``platforms/``: the registry of cluster types in detection order, and ``choose()``.
+
+  - ``platforms/base``: the ``Platform`` interface, ``HostView`` and the small readers platforms share.
+  - ``platforms/devices``: GPUs and RDMA devices, from device files and sysfs.
+  - ``platforms/hostlist``: SLURM's compressed host lists, expanded.
+  - ``platforms/sagemaker/``: SageMaker jobs (``resourceconfig.json``, ``SM_*``).
+  - ``platforms/sagemaker/argv``: AWS's rendering of hyperparameters, its repair, the SageMaker form.
+  - ``platforms/sagemaker/bundle``: what an estimator uploads (``ddp-launcher bundle``).
+  - ``platforms/slurm``, ``platforms/pbs``, ``platforms/kubeflow``, ``platforms/vertex``, ``platforms/oci``,
+    ``platforms/env``, ``platforms/local``: one cluster type each.
+
 - ``cluster``: the ``Cluster`` value every platform produces.
-- ``command``: ``Cluster`` + options -> the exact torchrun argv and environment changes.
+- ``command``: platform + options -> the ``Cluster`` (``cluster_for``), then torchrun's exact argv and env.
+- ``preflight``: bounded waits for host names and files the cluster publishes late.
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
-- ``failure``: the root cause, the true exit code and the report for ``output/failure``.
-- ``cli``: ties it together (``python -m launcher``, the ``ddp-launcher`` command).
-- ``simulate``: N SageMaker hosts as N launcher processes on one machine (``ddp-launcher simulate``).
+- ``streams``: standard streams that are always there, and writes that never fail.
+- ``proctree``: finding and ending the processes the launcher started (the watchdog).
+- ``jobwatch``: the launchers of one job watch each other; a failed or silent host stops the job.
+- ``outcome``: how torchrun ended, as the supervisor hands it on.
+- ``codes``: the classes of a run's outcome and their exit codes.
+- ``failure``: the root cause, the true exit code and the report for the platform.
+- ``simulate/``: N hosts of a platform as N launcher processes on one machine (``ddp-launcher simulate``).
+
+  - ``simulate/config``: simulate's command line and its checks.
+  - ``simulate/run``: starts the hosts, streams their output, fires the faults.
+  - ``simulate/summary``: what happened to each host.
+  - ``simulate/netns``: each host its own network namespace (``--network netns``).
+  - ``simulate/hosts/``: the registry of host builders (``BUILDERS``).
+  - ``simulate/hosts/base``: what every builder shares (``HostSpec``, the job environment, the workdir).
+  - ``simulate/hosts/sagemaker``, ``simulate/hosts/sagemaker_env``, ``simulate/hosts/sagemaker_files``,
+    ``simulate/hosts/sagemaker_v3``: SageMaker hosts (SDK v2 toolkit and SDK v3).
+  - ``simulate/hosts/slurm``, ``simulate/hosts/pbs``, ``simulate/hosts/kubeflow``,
+    ``simulate/hosts/kubeflow_v2``, ``simulate/hosts/vertex``, ``simulate/hosts/oci``,
+    ``simulate/hosts/env``: one platform's hosts each.
 """
 
 __version__ = "0.1.0"

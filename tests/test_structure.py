@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 from conftest import REPO
 
@@ -36,3 +37,19 @@ def test_platforms_never_see_the_launchers_options() -> None:
                                                                                             "launcher.cli")))
                  for p in modules_under("platforms")}
     assert {p: n for p, n in offenders.items() if n} == {}
+
+
+def test_the_package_map_names_every_module_and_only_existing_ones() -> None:
+    import launcher
+
+    named = set(re.findall(r"``([a-z_0-9/]+)``", launcher.__doc__.split("Map of the modules", 1)[1]))
+    named = {n for n in named if "/" in n or os.path.exists(os.path.join(PACKAGE, n + ".py"))}
+    modules = set()
+    for path in modules_under(""):
+        rel = os.path.relpath(path, PACKAGE)[:-3]
+        if rel in ("__init__", "__main__"):
+            continue
+        modules.add(rel[:-len("__init__")] if rel.endswith("/__init__") else rel)
+    words = set(re.findall(r"``([a-z_0-9/]+)``", launcher.__doc__))
+    assert modules - words == set(), "modules the map in launcher/__init__.py does not name"
+    assert {n for n in named if n not in modules} == set(), "the map names modules that do not exist"
