@@ -160,8 +160,16 @@ from typing import Optional
 
 from launcher import streams
 from launcher.errors import ConfigError
-from launcher.simulate import netns
-from launcher.simulate.config import PROG, Config, Fault, build_config, parse_fault, script_hyperparameters
+from launcher.simulate import faults, netns
+from launcher.simulate.config import (
+    NETNS_FAULTS,
+    PROG,
+    Config,
+    Fault,
+    build_config,
+    parse_fault,
+    script_hyperparameters,
+)
 from launcher.simulate.hosts import builder
 from launcher.simulate.hosts.base import HostSpec, free_port, host_address, write_json
 from launcher.simulate.hosts.sagemaker import make_tree
@@ -185,10 +193,19 @@ def choose_network(config: Config) -> Config:
         return dataclasses.replace(config, network="netns")
     if config.network == "netns":
         raise ConfigError(f"--network netns: {why}")
-    partition = next((f for f in config.faults if f.kind == "partition"), None)
+    partition = next((f for f in config.faults if f.kind in NETNS_FAULTS), None)
     if partition is not None:
-        raise ConfigError(f"--fault {partition.host}:partition needs network namespaces: {why}")
+        raise ConfigError(f"--fault {partition.host}:{partition.kind} needs network namespaces: {why}")
     return dataclasses.replace(config, network="loopback", network_note=why)
+
+
+def check_faults(config: Config) -> Config:
+    """The faults can be made on this machine; raises :class:`ConfigError` naming the first that cannot."""
+    starve = next((f for f in config.faults if f.kind == "starve"), None)
+    why = faults.starve_unavailable() if starve is not None else None
+    if why is not None:
+        raise ConfigError(f"--fault {starve.host}:starve needs a writable cgroup of the cpu controller: {why}")
+    return config
 
 
 def make_lab(config: Config, specs: Sequence[HostSpec]) -> Optional[netns.Lab]:
@@ -209,7 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """``ddp-launcher simulate``. Returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        config = choose_network(build_config(args, os.getcwd()))
+        config = check_faults(choose_network(build_config(args, os.getcwd())))
         port = free_port()
         specs = builder(config.platform).make_hosts(config, os.environ, port)
     except ConfigError as exc:
