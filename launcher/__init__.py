@@ -38,6 +38,7 @@ names every module and only modules that exist):
   - ``simulate/run``: starts the hosts, streams their output, fires the faults.
   - ``simulate/summary``: what happened to each host.
   - ``simulate/netns``: each host its own network namespace (``--network netns``).
+  - ``simulate/faults``: the transient faults' deeds (stopped processes, a CPU quota, busy loops).
   - ``simulate/hosts/``: the registry of host builders (``BUILDERS``).
   - ``simulate/hosts/base``: what every builder shares (``HostSpec``, the job environment, the workdir).
   - ``simulate/hosts/sagemaker``, ``simulate/hosts/sagemaker_env``, ``simulate/hosts/sagemaker_files``,

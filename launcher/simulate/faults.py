@@ -106,33 +106,43 @@ def starve_unavailable() -> Optional[str]:
     return None
 
 
+def _write(directory: str, name: str, value: str) -> None:
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as fh:
+        fh.write(value)
+
+
+def members(path: str) -> list[int]:
+    """The PIDs in a cgroup now (none once it is gone)."""
+    with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.procs"), encoding="utf-8") as fh:
+        return [int(line) for line in fh if line.strip()]
+    return []
+
+
 class CpuQuota:
-    """A cgroup of its own for one fault, limited to 0.1 % of one CPU; :meth:`remove` moves every process
-    in it back where it came from and removes it. Made next to the cgroup this process is in."""
+    """A cgroup of its own for one fault, limited to 0.1 % of one CPU, made next to the cgroup this
+    process is in; :meth:`remove` lifts the limit, moves every process in it back and removes it.
+
+    A keeper process owns the cgroup (``python faults.py keep ...``, in a session of its own): it makes
+    it, then waits on its standard input; at a line or at end of file (simulate died, even by SIGKILL)
+    it undoes everything and exits. So a starved host is never left starved, nor the cgroup behind:
+    a host's processes killed while starved could otherwise take minutes to exit at 0.1 % of a CPU.
+    """
 
     def __init__(self, name: str) -> None:
         self.version, self.parent = cgroup_parent()
         self.path = os.path.join(self.parent, f"ddp-simulate-{os.getpid()}-{name}")
-        try:
-            os.mkdir(self.path)
-            if self.version == 1:
-                self._write("cpu.cfs_period_us", str(PERIOD_US))
-                self._write("cpu.cfs_quota_us", str(QUOTA_US))
-            else:
-                self._write("cpu.max", f"{QUOTA_US} {PERIOD_US}")
-        except OSError as exc:
-            self._rmdir()
-            raise FaultError(f"cannot make the cgroup {self.path}: {exc}") from exc
-
-    def _write(self, name: str, value: str, path: Optional[str] = None) -> None:
-        with open(os.path.join(path or self.path, name), "w", encoding="utf-8") as fh:
-            fh.write(value)
+        self._keeper = subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), "keep", str(self.version), self.path,
+             self.parent], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            start_new_session=True, text=True)
+        reply = self._keeper.stdout.readline().strip() if self._keeper.stdout else ""
+        if reply != "ready":
+            self._keeper.wait()
+            raise FaultError(reply or f"the cgroup's keeper exited with code {self._keeper.returncode}")
 
     def members(self) -> list[int]:
         """The PIDs in the cgroup now."""
-        with contextlib.suppress(OSError), open(os.path.join(self.path, "cgroup.procs"), encoding="utf-8") as fh:
-            return [int(line) for line in fh if line.strip()]
-        return []
+        return members(self.path)
 
     def add(self, pids_of: Callable[[], Iterable[int]]) -> list[int]:
         """Move every process ``pids_of()`` names into the cgroup, again until no new one appears."""
@@ -143,40 +153,63 @@ class CpuQuota:
                 break
             for pid in new:
                 with contextlib.suppress(OSError):  # it exited meanwhile
-                    self._write("cgroup.procs", str(pid))
+                    _write(self.path, "cgroup.procs", str(pid))
                     moved.append(pid)
         return moved
 
     def remove(self) -> int:
-        """Lift the quota, move every process back to the parent cgroup, remove the cgroup.
-        Returns how many processes were moved back."""
-        with contextlib.suppress(OSError):
-            if self.version == 1:
-                self._write("cpu.cfs_quota_us", "-1")
-            else:
-                self._write("cpu.max", "max")
-        back = 0
-        for _ in range(ROUNDS):
-            members = self.members()
-            if not members:
-                break
-            for pid in members:
-                with contextlib.suppress(OSError):
-                    self._write("cgroup.procs", str(pid), self.parent)
-                    back += 1
-        self._rmdir()
-        return back
+        """Lift the quota, move every process back to the parent cgroup, remove the cgroup (the keeper does
+        it and exits). Returns how many processes were moved back."""
+        stdin, stdout = self._keeper.stdin, self._keeper.stdout
+        with contextlib.suppress(BrokenPipeError, AttributeError):
+            stdin.write("end\n")  # type: ignore[union-attr]
+            stdin.close()  # type: ignore[union-attr]
+        reply = stdout.readline().split() if stdout else []
+        if stdout:
+            stdout.close()
+        self._keeper.wait()
+        if reply[:1] != ["removed"]:
+            raise FaultError(" ".join(reply) or f"the cgroup's keeper exited with code {self._keeper.returncode}")
+        return int(reply[1])
 
-    def _rmdir(self) -> None:
-        for _ in range(ROUNDS):  # a process that just exited may still count for a moment
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.01)
-        raise FaultError(f"cannot remove the cgroup {self.path}: processes are still in it: {self.members()}")
+
+def _keep(version: int, path: str, parent: str) -> int:
+    """The keeper of a :class:`CpuQuota`: make the cgroup, wait for a line or end of input, undo, exit."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)  # only its input ends it, and it always undoes
+    try:
+        os.mkdir(path)
+        if version == 1:
+            _write(path, "cpu.cfs_period_us", str(PERIOD_US))
+            _write(path, "cpu.cfs_quota_us", str(QUOTA_US))
+        else:
+            _write(path, "cpu.max", f"{QUOTA_US} {PERIOD_US}")
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+        print(f"cannot make the cgroup {path}: {exc}", flush=True)
+        return 1
+    print("ready", flush=True)
+    sys.stdin.readline()
+    with contextlib.suppress(OSError):
+        _write(path, *(("cpu.cfs_quota_us", "-1") if version == 1 else ("cpu.max", "max")))
+    back, deadline = 0, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for pid in members(path):
+            with contextlib.suppress(OSError):  # an exiting process cannot move: it leaves by itself
+                _write(parent, "cgroup.procs", str(pid))
+                back += 1
+        try:
+            os.rmdir(path)
+            break
+        except FileNotFoundError:
+            break
+        except OSError:
+            time.sleep(0.01)
+    with contextlib.suppress(OSError):
+        print(f"removed {back}" if not os.path.exists(path) else f"cannot remove {path}: {members(path)}",
+              flush=True)
+    return 0
 
 
 # -- CPU saturation: busy loops pinned to the host's CPUs ---------------------------------------------
@@ -210,3 +243,9 @@ def host_cpus(pid: int) -> set[int]:
         return os.sched_getaffinity(pid)
     except OSError:
         return os.sched_getaffinity(0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "keep":
+        sys.exit(_keep(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
+    sys.exit(f"usage: {sys.argv[0]} keep VERSION CGROUP PARENT")

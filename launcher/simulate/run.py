@@ -121,6 +121,7 @@ class Simulation:
         self.start = 0.0
         self.marker = proctree.new_marker(MARKER)
         self.watchdog_pid = 0
+        self.watchdog: Optional[proctree.Watchdog] = None  # kills and removes what is left if simulate dies
 
     # -- starting -------------------------------------------------------------------------------
     def _start_host(self, spec: HostSpec) -> HostRun:
@@ -247,6 +248,9 @@ class Simulation:
         elif fault.kind == "saturate":
             cpus = faults.host_cpus(run.proc.pid)
             loops = faults.start_busy_loops(cpus, {**os.environ, MARKER: self.marker.partition("=")[2]})
+            for loop in loops:
+                if self.watchdog is not None:
+                    self.watchdog.guard(loop.pid)
             what = (f"{len(loops)} busy loop(s), pid {', '.join(str(p.pid) for p in loops)}, pinned to CPU(s) "
                     f"{', '.join(map(str, sorted(cpus)))}")
             undo = lambda: f"busy loop(s) {', '.join(map(str, faults.stop_busy_loops(loops)))} killed"  # noqa: E731
@@ -348,7 +352,7 @@ class Simulation:
         proctree.become_subreaper()  # orphans of a killed launcher come back to us
         watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
         watchdog.kill_marked(self.marker)
-        self.watchdog_pid = watchdog.pid
+        self.watchdog_pid, self.watchdog = watchdog.pid, watchdog
         previous = {s: signal.signal(s, self._on_signal)
                     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
