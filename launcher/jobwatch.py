@@ -551,7 +551,7 @@ class Hub(Watch):
                                     "dropping the oldest (the job goes on)")
                 self._drop_oldest_pending()
             sock.setblocking(False)
-            conn = _Conn(sock, time.monotonic(), str(addr[0]) if addr else "")
+            conn = _Conn(sock, time.monotonic(), str(addr[0]).removeprefix("::ffff:") if addr else "")
             conn.hub_nonce = _nonce()
             self._register(conn)
             self._send(conn, {"t": "watch", "nonce": conn.hub_nonce}, tagged=False)

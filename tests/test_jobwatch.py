@@ -675,3 +675,53 @@ def test_the_old_option_name_is_an_alias_and_the_default_ports_leave_the_rendezv
         cluster = Cluster("slurm", 2, 0, 1, "n1", "n1", 20000 + job_id % 10000, job_name=f"slurm-{job_id}")
         ports = watch_ports(cluster, options, jobwatch.job_identity(f"slurm-{job_id}", "n1", cluster.master_port, 2))
         assert len(set(ports)) == 4 and all(WATCH_BASE <= p < WATCH_BASE + WATCH_SPAN for p in ports)
+
+
+# -- the watch alone at scale: hub and clients as separate processes (tests/scripts/watch_scale.py) --
+
+SCALE = 64
+
+
+def scale_run(fault: str, timeout: float) -> dict:
+    import sys
+    sys.path.insert(0, os.path.join(REPO, "tests", "scripts"))
+    import watch_scale
+
+    figures = watch_scale.run(SCALE, free_port(), timeout, fault, launcher_env())
+    assert_gone(figures["pids"])
+    return figures
+
+
+def test_64_hosts_join_and_one_failure_reaches_every_host():
+    figures = scale_run("fail", 30.0)
+    print(f"64 hosts: joined {figures['join']:.2f} s after the last start; the failure reached every host "
+          f"{figures['spread']:.2f} s after it was sent; hub CPU {figures['hub_cpu']:.2f} s, RSS "
+          f"{figures['hub_rss'] / 1024:.1f} MiB")
+    assert figures["join"] <= 10 and figures["spread"] <= 5  # the 2 s and 1 s, with a loaded machine's margin
+    head = "algo-6: rank 5 (local rank 0) exited with code 7"
+    assert len(figures["ends"]) == SCALE
+    assert all(code == 7 and report.startswith(head) for code, report in figures["ends"].values()), figures["ends"]
+
+
+def test_64_hosts_one_silent_host_is_lost_on_every_host():
+    timeout = 5.0
+    figures = scale_run("silent", timeout)
+    print(f"64 hosts: the silent host lost {figures['lost_after']:.2f} s after its pause (loss timeout "
+          f"{timeout:g} s)")
+    assert timeout - 1.5 <= figures["lost_after"] <= timeout + 5
+    head = f"algo-6 lost: no heartbeat for {timeout:g} s"
+    assert all(code == jobwatch.LOST_CODE and report.startswith(head) for code, report in figures["ends"].values())
+
+
+def test_the_hubs_memory_stays_bounded_under_junk():
+    import sys
+    sys.path.insert(0, os.path.join(REPO, "tests", "scripts"))
+    import watch_scale
+
+    result = watch_scale.junk_rss(free_port(), launcher_env())
+    assert_gone([result["pid"]])
+    print(f"hub peak RSS {result['before'] / 1024:.1f} MiB before 3 x 1,100 junk connections, "
+          f"{result['after'] / 1024:.1f} MiB after")
+    assert result["alive"] and not result["stopped"], result["log"]
+    assert result["after"] - result["before"] < 16 * 1024, result
+    assert not any("Traceback" in line or "Too many open files" in line for line in result["log"])
