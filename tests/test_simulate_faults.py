@@ -123,7 +123,7 @@ def test_simulate_killed_during_a_starvation_leaves_no_process_and_no_cgroup(tmp
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ddp_allreduce.py")
     sim = Simulate(["--hosts", "2", "--nproc-per-node", "1", "--workdir", workdir, "--deadline", "120",
                     "--fault", "algo-2:starve:step=3:60", "--", script, "--steps", "0", "--step-sleep", "0.1"],
-                   str(tmp_path), launcher_env(LAUNCHER_HEARTBEAT_TIMEOUT="120"))
+                   str(tmp_path), launcher_env(LAUNCHER_LOSS_TIMEOUT="120"))
     try:
         deadline = time.monotonic() + 90
         while not any("fault: starve of algo-2" in line for line in list(sim.err)):
