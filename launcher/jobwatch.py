@@ -349,6 +349,8 @@ class Watch:
             raise _Junk("garbage")
         if not tagged:
             return message
+        if sender == "client" and conn.node is None and message.get("job") != self.job:
+            return message  # another job's hello (its tag is no concern of ours): refused as such
         if sender == "client" and conn.node is None:  # a hello: its nonce is part of what it signs
             conn.client_nonce = _text(message.get("nonce", ""), 64)
         if not hmac.compare_digest(tag, self._tag(conn, sender, body).encode()):
@@ -556,6 +558,12 @@ class Hub(Watch):
             self._register(conn)
             self._send(conn, {"t": "watch", "nonce": conn.hub_nonce}, tagged=False)
 
+    def _drop(self, conn: _Conn) -> None:
+        super()._drop(conn)
+        known = self.nodes.get(conn.node) if conn.node is not None else None
+        if known is not None and known.conn is conn:
+            known.conn = None  # no loss: the node may reconnect before its silence decides
+
     def _drop_oldest_pending(self) -> bool:
         pending = [c for c in self.conns.values() if c.node is None]
         if not pending:
@@ -636,11 +644,10 @@ class Hub(Watch):
 
     def _closed(self, conn: _Conn, why: str) -> None:
         known = self.nodes.get(conn.node) if conn.node is not None else None
+        current = known is not None and known.conn is conn
         self._drop(conn)
-        if known is not None and known.conn is conn:
-            known.conn = None
-            if known.state == "running" and not conn.ended:
-                self._lose(conn.node, known, why)  # type: ignore[arg-type]
+        if current and known is not None and known.state == "running" and not conn.ended:
+            self._lose(conn.node, known, why)  # type: ignore[arg-type]
 
     def _credit(self, now: float) -> None:
         for known in self.nodes.values():
@@ -752,9 +759,9 @@ class Client(Watch):
         self._want(conn, selectors.EVENT_READ)
 
     def _abandon(self, conn: _Conn, why: str) -> None:
+        was_attempt = conn is self.attempt
         self._drop(conn)
-        if conn is self.attempt:
-            self.attempt = None
+        if was_attempt:
             self._next_port(why)
 
     def _refused(self, conn: _Conn, why: str) -> None:
@@ -775,8 +782,8 @@ class Client(Watch):
             raise _Junk("not this job's hub")
         conn.node, conn.host = 0, _text(message["host"], 100)
         old, self.hub, self.attempt = self.hub, conn, None
-        if old is not None:
-            self._drop(old)
+        if old is not None and old is not conn:
+            super()._drop(old)
         self.hub_host = conn.host
         self._heard_hub()
         if not self.joined:
@@ -801,7 +808,6 @@ class Client(Watch):
             self.ended = True
         elif kind == "replaced":  # a newer connection of this node took over (or someone claims to be it)
             self._drop(conn)
-            self.hub = None
             self.next_try = 0.0
 
     def _heard_hub(self) -> None:
@@ -811,16 +817,22 @@ class Client(Watch):
             self.log(f"job watch: the hub on {self.hub_host} heard again after {now - self.heard:.1f} s of silence")
         self.heard = now
 
-    def _closed(self, conn: _Conn, why: str) -> None:
-        self._drop(conn)
+    def _drop(self, conn: _Conn) -> None:
+        super()._drop(conn)
+        if conn is self.hub:
+            self.hub = None
         if conn is self.attempt:
             self.attempt = None
+
+    def _closed(self, conn: _Conn, why: str) -> None:
+        was_attempt, was_hub = conn is self.attempt, conn is self.hub
+        self._drop(conn)
+        if was_attempt:
             if not conn.hello_sent or not self.joined:
                 self._next_port(why)
             return
-        if conn is not self.hub:
+        if not was_hub:
             return
-        self.hub = None
         if self.ended or self.left or self.events:
             return
         if self.attempt is not None and self.attempt.hello_sent:
