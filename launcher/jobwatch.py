@@ -708,6 +708,7 @@ class Client(Watch):
         self.next_try = 0.0
         self.final: Optional[dict] = None
         self.left = False
+        self.began = time.monotonic()
 
     def connected(self) -> bool:
         """True while the hub is connected (handshaken)."""
@@ -864,6 +865,10 @@ class Client(Watch):
             return
         if self.final is not None and (self.hub is not None or not self.joined):
             return
+        if not self.joined and now - self.began > HANDSHAKE_TIMEOUT:
+            self._once("no hub yet", f"job watch: no hub of this job on {self.address} port(s) "
+                                     f"{', '.join(map(str, self.ports))} yet; still looking (until the rendezvous "
+                                     "timeout)")
         if not self.joined and now > self.deadline:
             if not self.off:
                 self.off = (f"no hub of this job answered on {self.address} port(s) "
@@ -896,12 +901,22 @@ class Client(Watch):
         with self.cond:
             self.cond.wait_for(lambda: self.left or not self.thread.is_alive(), timeout=LEAVE_WAIT)
             self.left = True
+        if not self.joined and not self.off:
+            self.off = f"it never reached this job's hub on {self.address} port(s) {', '.join(map(str, self.ports))}"
+
+
+class Off(Watch):
+    """Node 0 when no candidate port was free: no watch (the clients find no hub either); a failure
+    report says so."""
+
+    def _leave(self, message: dict, code: int) -> None:
+        """Nobody to tell."""
 
 
 def start(node: int, host: str, nnodes: int, master: str, port: Union[int, Sequence[int]], timeout: float,
           connect_for: float, log: Callable[[str], None], job: str = "",
-          secret: Optional[bytes] = None) -> Optional[Watch]:
-    """Start this host's watch (hub on node 0, else client); None if the hub cannot listen (logged).
+          secret: Optional[bytes] = None) -> Watch:
+    """Start this host's watch (hub on node 0, else client); :class:`Off` if the hub cannot listen (logged).
 
     ``port`` is the watch port, or the candidate ports in order (the hub listens on the first free
     one, clients look for this job's hub on each); ``job`` the job's identity (:func:`job_identity`),
@@ -923,9 +938,10 @@ def start(node: int, host: str, nnodes: int, master: str, port: Union[int, Seque
             log(f"job watch: hub on port {candidate}{taken}")
             break
         else:
-            log(f"job watch off: cannot listen on port {'; '.join(problems)}; the other hosts find no hub "
-                "and run without the watch too")
-            return None
+            off = Off(node, host, nnodes, timeout, log)
+            off.off = f"the hub could not listen on port {'; '.join(problems)}"
+            log(f"job watch off: {off.off}; the other hosts find no hub and run without the watch too")
+            return off
     else:
         watch = Client(master, ports, time.monotonic() + connect_for, node, host, nnodes, timeout, log,
                        job=job, secret=secret)
@@ -941,8 +957,8 @@ def _listen(port: int, backlog: int) -> socket.socket:
 
 
 def for_cluster(cluster: Cluster, options: Options, log: Callable[[str], None],
-                secret: Optional[bytes] = None) -> Optional[Watch]:
-    """The watch of this host's launcher (several nodes); None if the hub cannot listen (logged)."""
+                secret: Optional[bytes] = None) -> Watch:
+    """The watch of this host's launcher (several nodes); :class:`Off` if the hub cannot listen (logged)."""
     job = job_identity(cluster.job_name or "", cluster.master_addr or "", master_port(cluster, options),
                        cluster.nnodes)
     return start(cluster.node_rank, cluster.current_host, cluster.nnodes,
