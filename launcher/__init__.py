@@ -28,7 +28,7 @@ names every module and only modules that exist):
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
 - ``streams``: standard streams that are always there, and writes that never fail.
 - ``proctree``: finding and ending the processes the launcher started (the watchdog).
-- ``jobwatch``: the launchers of one job watch each other; a failed or silent host stops the job.
+- ``jobwatch``: the launchers of one job watch each other; a failed or lost host stops the job.
 - ``outcome``: how torchrun ended, as the supervisor hands it on.
 - ``codes``: the classes of a run's outcome and their exit codes.
 - ``failure``: the root cause, the true exit code and the report for the platform.

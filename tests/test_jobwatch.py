@@ -768,3 +768,76 @@ def test_the_hubs_memory_stays_bounded_under_junk():
     assert result["alive"] and not result["stopped"], result["log"]
     assert result["after"] - result["before"] < 16 * 1024, result
     assert not any("Traceback" in line or "Too many open files" in line for line in result["log"])
+
+
+class FreezingProxy:
+    """A TCP relay between clients and the hub whose existing connections can be frozen: their bytes
+    stop flowing both ways and nothing is closed (a link blip as TCP sees it), while new connections
+    flow. Real sockets on 127.0.0.1."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.frozen: list[threading.Event] = []
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                inner, _ = self.server.accept()
+            except OSError:
+                return
+            outer = socket.create_connection(("127.0.0.1", self.target))
+            frozen = threading.Event()
+            self.frozen.append(frozen)
+            self.socks += [inner, outer]
+            for a, b in ((inner, outer), (outer, inner)):
+                threading.Thread(target=self._pump, args=(a, b, frozen), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket, frozen: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                data = source.recv(65536)
+                while frozen.is_set():
+                    time.sleep(0.05)
+                if not data:
+                    sink.shutdown(socket.SHUT_WR)
+                    return
+                sink.sendall(data)
+
+    def freeze(self) -> None:
+        for event in list(self.frozen):
+            event.set()
+
+    def close(self) -> None:
+        self.server.close()
+        for sock in self.socks:
+            sock.close()
+
+
+def test_a_client_cut_off_without_a_definite_end_reconnects_and_nothing_is_lost(watches):
+    """The client's connection goes silent (frozen, not closed) for 6 s: the hub suspects the client, the
+    client suspects the hub and opens a new connection with the same identity, which replaces the old."""
+    timeout = 10.0
+    hub, rec = watches(0, nnodes=2, timeout=timeout)
+    proxy = FreezingProxy(watches.port)
+    crec = Recorder()
+    client = jobwatch.start(1, "algo-2", 2, "127.0.0.1", proxy.port, timeout, 30.0, crec.log, job=JOB)
+    try:
+        client.attach(crec.stop)
+        until(lambda: client.connected() and hub.states == {1: "running"})
+        proxy.freeze()
+        until(lambda: any("reconnected to the hub" in line for line in crec.lines), timeout=30)
+        until(lambda: any("algo-2 reconnected" in line for line in rec.lines), timeout=30)
+        time.sleep(1.0)
+        assert hub.cause() is None and client.cause() is None and not rec.stops and not crec.stops
+        assert any("silent for" in line and "trying a new connection" in line for line in crec.lines), crec.lines
+        assert client.finish(0, "", True) == (0, "")
+        until(lambda: hub.states == {1: "done"})
+    finally:
+        client.close()
+        proxy.close()
+    assert hub.cause() is None
