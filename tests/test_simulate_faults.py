@@ -73,6 +73,25 @@ def test_stop_all_stops_a_whole_tree_and_continue_all_resumes_it() -> None:
     assert_gone(tree)
 
 
+def test_the_cpu_controller_is_found_in_cgroup_v1_and_v2_mounts(tmp_path: Any) -> None:
+    unified = tmp_path / "unified"
+    unified.mkdir()
+    (unified / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    v1 = "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct\n"
+    v2 = f"41 31 0:38 /kubepods {unified} rw,relatime - cgroup2 cgroup2 rw,nsdelegate\n"
+    other = "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n" \
+            "33 31 0:30 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset\n"
+    for lines, expected in ((other + v1, (1, "/sys/fs/cgroup/cpu,cpuacct", "/")),
+                            (other + v2, (2, str(unified), "/kubepods")),
+                            (v2 + v1, (1, "/sys/fs/cgroup/cpu,cpuacct", "/"))):  # v1 holds cpu: v2 has none
+        (tmp_path / "mountinfo").write_text(lines)
+        assert faults._cpu_mount(str(tmp_path / "mountinfo")) == expected
+    (unified / "cgroup.controllers").write_text("memory pids\n")
+    (tmp_path / "mountinfo").write_text(other + v2)
+    with pytest.raises(faults.FaultError, match="no cgroup hierarchy with the cpu controller"):
+        faults._cpu_mount(str(tmp_path / "mountinfo"))
+
+
 @pytest.mark.skipif(NO_CGROUP is not None, reason=f"no CPU quota here: {NO_CGROUP}")
 def test_cpu_quota_holds_a_busy_process_to_a_trickle_and_is_removed() -> None:
     busy = subprocess.Popen([PYTHON, "-c", BUSY], start_new_session=True)
