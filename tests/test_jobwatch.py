@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import selectors
 import signal
 import socket
 import subprocess
@@ -841,3 +842,37 @@ def test_a_client_cut_off_without_a_definite_end_reconnects_and_nothing_is_lost(
         client.close()
         proxy.close()
     assert hub.cause() is None
+
+
+def test_a_slow_reader_loses_nothing_and_blocks_nothing():
+    """Messages to a peer whose socket takes only part of them wait in its buffer (EVENT_WRITE) and
+    arrive whole and in order as it reads, a little at a time; the loop meanwhile goes on."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    rec = Recorder()
+    hub = jobwatch.Hub(listener, listener.getsockname()[1], 0, "algo-1", 2, 30.0, rec.log, job=JOB)
+    near, far = socket.socketpair()
+    try:
+        near.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        far.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        near.setblocking(False)
+        conn = jobwatch._Conn(near, time.monotonic())
+        conn.node, conn.host = 1, "algo-2"
+        hub._register(conn)
+        hub.nodes[1] = jobwatch._Node("algo-2", time.monotonic())
+        hub.nodes[1].conn = conn
+        sent = [{"t": "lost", "node": 1, "host": "algo-2", "why": f"message {i} " + "x" * 500} for i in range(200)]
+        for message in sent:
+            hub._send(conn, message)  # before the loop runs: this thread owns the sockets
+        assert conn.out and conn.mask & selectors.EVENT_WRITE  # the rest waits; nothing blocked
+        hub.thread.start()
+        received = b""
+        while received.count(b'"t":"lost"') < len(sent):
+            received += far.recv(1000)
+            time.sleep(0.002)
+        lines = [json.loads(line) for line in received.splitlines() if b'"t":"lost"' in line]
+        assert lines == sent
+        assert hub.thread.is_alive() and hub.cause() is None
+    finally:
+        hub.close()
+        far.close()
+    assert not hub.thread.is_alive()
