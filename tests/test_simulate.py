@@ -20,6 +20,7 @@ from conftest import PYTHON, REPO, LiveProcess, assert_gone, launcher_env
 
 from launcher import proctree, simulate
 from launcher.platforms.sagemaker import argv as aws_argv
+from launcher.simulate.hosts import builder
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "ddp_allreduce.py")
 RUN_TIMEOUT = 150.0
@@ -150,7 +151,7 @@ def test_tree_and_environment_match_aws(tmp_path: Any) -> None:
     config = simulate.build_config(["--hosts", "3", "--channel", f"train={data}", "--workdir", workdir,
                                     "--job-name", "tree-test", "--hyperparameters", HPS_JSON,
                                     "--", *SCRIPT_WORDS], str(tmp_path))
-    specs = simulate.make_tree(config, launcher_env(), 12345)
+    specs = builder("sagemaker").make_hosts(config, launcher_env(), 12345)
     sdk = json.loads(subprocess.run(
         [PYTHON, "-c", SDK_ENCODING], input=json.dumps(dict(config.user_hyperparameters)),
         env=launcher_env(SAGEMAKER_SUPPRESS_V2_WARNING="1"), capture_output=True, text=True,

@@ -53,3 +53,17 @@ def test_the_package_map_names_every_module_and_only_existing_ones() -> None:
     words = set(re.findall(r"``([a-z_0-9/]+)``", launcher.__doc__))
     assert modules - words == set(), "modules the map in launcher/__init__.py does not name"
     assert {n for n in named if n not in modules} == set(), "the map names modules that do not exist"
+
+
+def test_how_it_works_names_functions_that_exist() -> None:
+    # README "How it works": every "`launcher/x.py` `name()`" (and "then `other()`") names a function there.
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        section = fh.read().split("## How it works", 1)[1].split("\n## ", 1)[0]
+    pairs = re.findall(r"`(launcher/[a-z_/]+\.py)` `([a-z_]+)\(\)`(?:, then `([a-z_]+)\(\)`)?", section)
+    assert len(pairs) >= 6, pairs
+    missing = []
+    for path, *names in pairs:
+        with open(os.path.join(REPO, path), encoding="utf-8") as fh:
+            defined = {n.name for n in ast.walk(ast.parse(fh.read())) if isinstance(n, ast.FunctionDef)}
+        missing += [f"{path}: {name}()" for name in names if name and name not in defined]
+    assert missing == []

@@ -42,10 +42,9 @@ class HostSpec:
     """One simulated host: its name, its directory, exactly how it is started, and where it reports.
 
     ``on_start`` runs right after the host's process started (a platform that fills a file in as
-    aliases: tuple[str, ...] = ()
-    signal_targets: Optional[Callable[[int], list[int]]] = None  # the launcher(s) under the host's pid
-ere). ``aliases`` are the host's other names (``--network netns``
-    maps them to its address too).
+    hosts start, such as OCI's node metadata, does it there). ``aliases`` are the host's other names
+    (``--network netns`` maps them to its address too). ``signal_targets``: given the host's PID, the
+    launcher process(es) a fault's signal goes to (None: the host's process itself).
     """
 
     name: str
