@@ -151,7 +151,7 @@ def _tiers_of(argv: list[bytes]) -> set[str]:
         found.add("job")
     if words and words[0] in (b"slurmctld", b"slurmd"):
         found.add("lab")
-    if words[:3] == [b"ip", b"netns", b"add"] or (words[:1] == [b"ip"] and b"netns" in words[1:3]):
+    if argv[-1:] == [b"hold"] and any(a.endswith(b"netns.py") for a in argv):  # the network lab's holder
         found.add("lab")
     if any(b"ipykernel" in a for a in argv):
         found.add("notebook")

@@ -300,6 +300,7 @@ def worker_pid(job: TwoHosts, host: int, rank: int) -> int:
     return wait_for_records(job.bases[host], 2, timeout=120, steps=1)[rank]["pid"]
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("fault, head, code", [
     (["--exit-code", "7"], "algo-2: rank 2 (local rank 0) exited with code 7", 7),
     (["--self-signal", "SIGKILL"], "algo-2: rank 2 (local rank 0) was killed by SIGKILL (exit code 137)", 137)])
@@ -319,6 +320,7 @@ def test_a_worker_failure_stops_both_hosts_with_its_root_cause(jobs, tmp_path, f
     assert waited <= JOB_BOUND
 
 
+@pytest.mark.job
 def test_a_silent_launcher_is_lost_after_the_heartbeat_timeout(jobs, tmp_path):
     """algo-2's launcher paused (SIGSTOP): its workers run on, its heartbeats stop."""
     job = jobs(tmp_path, [WORKER, *LONG_RUN])
@@ -339,6 +341,7 @@ def test_a_silent_launcher_is_lost_after_the_heartbeat_timeout(jobs, tmp_path):
     assert job.failure(1).startswith("algo-2 lost: no heartbeat for 3 s\nthen algo-2: ")
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("lost", [1, 0])
 def test_a_host_that_loses_power_is_lost(jobs, tmp_path, lost):
     """Every process of one host SIGKILLed at once: the other names it and exits 137."""
@@ -371,6 +374,7 @@ with open(os.path.join(os.environ["WORKER_RECORD_DIR"], f"rank{rank}.json"), "w"
 """
 
 
+@pytest.mark.job
 def test_a_host_that_finishes_early_is_no_loss(jobs, tmp_path):
     script = tmp_path / "early_and_late.py"
     script.write_text(EARLY_AND_LATE)
@@ -383,6 +387,7 @@ def test_a_host_that_finishes_early_is_no_loss(jobs, tmp_path):
     assert {r["sum"] for h in (0, 1) for r in records(job.bases[h]).values()} == {4.0}
 
 
+@pytest.mark.job
 def test_no_job_watch_starts_none(jobs, tmp_path):
     job = jobs(tmp_path, [WORKER, "--steps", "3"], ["--no-job-watch"])
     for proc in job.procs:

@@ -1,4 +1,4 @@
-"""The launcher on a real 2-node SLURM cluster (tests/slurm_lab.py): sbatch, srun, scancel, scontrol.
+"""The launcher on a real 2-node SLURM cluster (launcher/simulate/slurm_lab.py): sbatch, srun, scancel, scontrol.
 
 One lab per module (about 2 s to bring up). Every job's step is ``srun --ntasks-per-node=1 python -m
 launcher ...`` with 2 processes per node. Needs root; skipped with the reason elsewhere.
@@ -16,10 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import PYTHON, REPO, TRAIN_SCRIPTS, assert_gone, launcher_env
-from slurm_lab import SlurmLab, missing_requirement
 from test_slurm import random_nodelist
 
 from launcher.platforms import hostlist
+from launcher.simulate.slurm_lab import SlurmLab, missing_requirement
 
 pytestmark = pytest.mark.skipif(missing_requirement() is not None, reason=missing_requirement() or "")
 WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
