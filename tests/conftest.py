@@ -130,12 +130,12 @@ class LiveProcess:
 # processes every test starts and fails a test that started one of these without its marker, so a slow test
 # cannot slip into the fast tier unseen.
 TIERS = {
-    "job": "starts a real training job: torchrun (python -m torch.distributed.run)",
+    "job": "starts a real training job: torchrun (python -m torch.distributed.run) or a script of train_scripts/",
     "lab": "starts a lab: the SLURM cluster (slurmctld, slurmd) or simulated hosts in network namespaces",
     "notebook": "executes a notebook in a Jupyter kernel",
 }
 _TAG = "DDP_LAUNCHER_TEST_TAG"  # inherited by what a test starts, so the guard knows whose process it sees
-_SAMPLE_EVERY = 0.1  # s: torchrun imports torch (seconds), a kernel or slurmd lives far longer than this
+_SAMPLE_EVERY = 0.2  # s: torchrun and a training script import torch (seconds); a kernel, slurmd or the lab live longer
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -147,7 +147,7 @@ def _tiers_of(argv: list[bytes]) -> set[str]:
     """The tiers a process with this command line belongs to (empty: none)."""
     words = [os.path.basename(a) for a in argv[:1]] + argv[1:]
     found = set()
-    if b"torch.distributed.run" in argv:
+    if b"torch.distributed.run" in argv or any(b"/train_scripts/" in a and a.endswith(b".py") for a in argv[1:3]):
         found.add("job")
     if words and words[0] in (b"slurmctld", b"slurmd"):
         found.add("lab")

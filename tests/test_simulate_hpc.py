@@ -244,6 +244,8 @@ def test_pbs_refused_where_namespaces_are_not_permitted(tmp_path: Any) -> None:
 # Real jobs: 2 hosts x 2 processes
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.job
+@pytest.mark.lab
 @pytest.mark.parametrize("platform", ["slurm", pytest.param("pbs", marks=pytest.mark.skipif(
     not namespaces_permitted(), reason="unshare --uts --mount is not permitted here"))])
 def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:
