@@ -547,6 +547,7 @@ def worker_pid(job: TwoHosts, host: int, rank: int) -> int:
     return wait_for_records(job.bases[host], 2, timeout=120, steps=1)[rank]["pid"]
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("fault, head, code", [
     (["--exit-code", "7"], "algo-2: rank 2 (local rank 0) exited with code 7", 7),
     (["--self-signal", "SIGKILL"], "algo-2: rank 2 (local rank 0) was killed by SIGKILL (exit code 137)", 137)])
@@ -566,6 +567,7 @@ def test_a_worker_failure_stops_both_hosts_with_its_root_cause(jobs, tmp_path, f
     assert waited <= JOB_BOUND
 
 
+@pytest.mark.job
 def test_a_silent_launcher_is_lost_after_the_loss_timeout(jobs, tmp_path):
     """algo-2's launcher paused (SIGSTOP) for longer than the loss timeout: its workers run on, its
     heartbeats stop."""
@@ -588,6 +590,7 @@ def test_a_silent_launcher_is_lost_after_the_loss_timeout(jobs, tmp_path):
     assert job.failure(1).startswith("algo-2 lost: no heartbeat for 4 s\nthen algo-2: ")
 
 
+@pytest.mark.job
 def test_a_launcher_paused_for_less_than_the_loss_timeout_is_no_loss(jobs, tmp_path):
     """algo-2's launcher paused for 5 s (longer than the old 3 s timeout): suspect, then heard again;
     the job finishes with 0 on both hosts."""
@@ -603,6 +606,7 @@ def test_a_launcher_paused_for_less_than_the_loss_timeout_is_no_loss(jobs, tmp_p
     assert "algo-2 heard again after" in job.stderr(0), job.stderr(0)[-3000:]
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("lost", [1, 0])
 def test_a_host_that_loses_power_is_lost(jobs, tmp_path, lost):
     """Every process of one host SIGKILLed at once: the other names it and exits 137."""
@@ -635,6 +639,7 @@ with open(os.path.join(os.environ["WORKER_RECORD_DIR"], f"rank{rank}.json"), "w"
 """
 
 
+@pytest.mark.job
 def test_a_host_that_finishes_early_is_no_loss(jobs, tmp_path):
     script = tmp_path / "early_and_late.py"
     script.write_text(EARLY_AND_LATE)
@@ -662,6 +667,7 @@ def loopback():
         subprocess.run(["ip", "netns", "del", name], check=True)
 
 
+@pytest.mark.job
 def test_two_jobs_on_the_same_hosts_at_neighbouring_ports_both_finish(jobs, tmp_path, loopback):
     """Two 2-host jobs at the same time on the same hosts, MASTER_PORT 29500 and 29501 (the common habit),
     default watch ports: neither job's watch takes the other's rendezvous port or hears the other job."""
@@ -683,6 +689,7 @@ def test_two_jobs_on_the_same_hosts_at_neighbouring_ports_both_finish(jobs, tmp_
         assert 61000 <= hub_port < 65500
 
 
+@pytest.mark.job
 def test_no_job_watch_starts_none(jobs, tmp_path):
     job = jobs(tmp_path, [WORKER, "--steps", "3"], ["--no-job-watch"])
     for proc in job.procs:
