@@ -22,6 +22,8 @@ from typing import Optional
 
 import pytest
 from conftest import PYTHON, REPO, assert_gone, free_port, is_alive, launcher_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_launcher_processes import make_host, records, wait_for_records
 
 from launcher import jobwatch, proctree
@@ -883,3 +885,46 @@ def test_a_slow_reader_loses_nothing_and_blocks_nothing():
         hub.close()
         far.close()
     assert not hub.thread.is_alive()
+
+
+def _hub_with_peer(secret=None):
+    """A hub whose loop does not run (this thread drives it) and a handshaken node 1 on a socketpair."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    hub = jobwatch.Hub(listener, listener.getsockname()[1], 0, "algo-1", 2, 30.0, Recorder().log, job=JOB,
+                       secret=secret)
+    near, far = socket.socketpair()
+    near.setblocking(False)
+    conn = jobwatch._Conn(near, time.monotonic())
+    conn.node, conn.host, conn.hub_nonce, conn.client_nonce = 1, "algo-2", "hn", "cn"
+    hub._register(conn)
+    hub.nodes[1] = jobwatch._Node("algo-2", time.monotonic())
+    hub.nodes[1].conn = conn
+    return hub, conn, far
+
+
+@settings(max_examples=150, deadline=None)
+@given(chunks=st.lists(st.one_of(st.binary(max_size=600),
+                                 st.builds(lambda d: json.dumps(d).encode() + b"\n",
+                                           st.dictionaries(st.sampled_from(["t", "node", "host", "code", "report",
+                                                                            "primary", "why", "n", "job"]),
+                                                           st.one_of(st.integers(), st.text(max_size=20),
+                                                                     st.booleans(), st.none(), st.floats()),
+                                                           max_size=6))),
+                       max_size=5),
+       secret=st.sampled_from([None, b"s3cret"]))
+def test_no_bytes_from_a_peer_raise_out_of_the_loop_or_grow_its_buffer(chunks, secret):
+    """Whatever a handshaken peer sends, reading it raises nothing and keeps at most one line's bytes;
+    nothing it sends without a valid tag (with a secret) counts."""
+    hub, conn, far = _hub_with_peer(secret)
+    try:
+        for chunk in chunks:
+            if not chunk:
+                continue
+            far.sendall(chunk)
+            hub._read(conn)
+            assert len(conn.inbuf) <= jobwatch.MAX_LINE
+        if secret is not None:
+            assert hub.cause() is None and hub.states == {1: "running"}
+    finally:
+        hub.close()
+        far.close()
