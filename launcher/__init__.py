@@ -39,8 +39,11 @@ names every module and only modules that exist):
   - ``simulate/summary``: what happened to each host.
   - ``simulate/netns``: each host its own network namespace (``--network netns``).
   - ``simulate/faults``: the transient faults' deeds (stopped processes, a CPU quota, busy loops).
+  - ``simulate/become``: how a host's first process takes the host's name and files (the one place).
+  - ``simulate/slurm_lab``: a real SLURM cluster on this machine (the tests' and ``tools/slurm_lab.py``'s).
   - ``simulate/hosts/``: the registry of host builders (``BUILDERS``).
   - ``simulate/hosts/base``: what every builder shares (``HostSpec``, the job environment, the workdir).
+  - ``simulate/hosts/kubernetes``: what Kubernetes gives every container (both Kubeflow builders).
   - ``simulate/hosts/sagemaker``, ``simulate/hosts/sagemaker_env``, ``simulate/hosts/sagemaker_files``,
     ``simulate/hosts/sagemaker_v3``: SageMaker hosts (SDK v2 toolkit and SDK v3).
   - ``simulate/hosts/slurm``, ``simulate/hosts/pbs``, ``simulate/hosts/kubeflow``,

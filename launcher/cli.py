@@ -29,7 +29,16 @@ from typing import NamedTuple, Optional
 
 from launcher import platforms, streams
 from launcher.cluster import Cluster
-from launcher.command import Launch, address_of, build_launch, cluster_for, master_port, watch_ports, watch_secret
+from launcher.command import (
+    Launch,
+    address_of,
+    build_launch,
+    cluster_for,
+    job_identity,
+    master_port,
+    watch_ports,
+    watch_secret,
+)
 from launcher.errors import ConfigError, shown
 from launcher.options import Invocation, Options, help_text, parse_invocation
 from launcher.platforms.base import Attempt, HostView, look_once
@@ -134,8 +143,6 @@ def _watch_line(p: Plan) -> str:
     options = p.invocation.options
     if options.no_job_watch:
         return "off (--no-job-watch): a failed or lost host does not stop the others"
-    from launcher.jobwatch import job_identity  # small: hashlib only
-
     c = p.cluster
     ports = "/".join(map(str, watch_ports(c, options, job_identity(c.job_name or "", c.master_addr or "",
                                                                   master_port(c, options), c.nnodes))))

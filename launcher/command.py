@@ -11,6 +11,7 @@ changes what torchrun does behind the dry run's back.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -78,6 +79,12 @@ def _setdefault(changes: dict[str, str], environ: Mapping[str, str], name: str, 
 def master_port(cluster: Cluster, options: Options) -> int:
     """The rendezvous port: the option, else the platform's, else torchrun's default."""
     return options.master_port or cluster.master_port or DEFAULT_MASTER_PORT
+
+
+def job_identity(job_name: str, master: str, port: int, nnodes: int) -> str:
+    """The job's identity for the job watch, from what every host of it knows (the platform's job name,
+    the rendezvous endpoint, the node count): 16 hex digits."""
+    return hashlib.sha256(f"{job_name}\n{master}:{port}\n{nnodes}".encode()).hexdigest()[:16]
 
 
 def watch_ports(cluster: Cluster, options: Options, job: str) -> tuple[int, ...]:

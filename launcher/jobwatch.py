@@ -16,7 +16,7 @@ Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` byt
 
 - ``watch`` {nonce}: the hub's first line on every connection (a fresh random nonce);
 - ``hello`` {job, node, host, nnodes, nonce}: a client's first line; ``job`` is the job's identity
-  (:func:`job_identity`: the platform's job name, the rendezvous endpoint and the node count, which
+  (:func:`launcher.command.job_identity`: the platform's job name, the rendezvous endpoint and the node count, which
   every host knows). The hub answers a hello of this job with its own ``hello``, then every event it
   has relayed so far; a hello of another job gets ``refused`` and the connection is closed (logged
   once; neither job is affected). The newest accepted hello of a node replaces its older connection
@@ -75,7 +75,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Union
 
-from launcher.command import address_of, master_port, watch_ports
+from launcher.command import address_of, job_identity, master_port, watch_ports
 
 if TYPE_CHECKING:
     from launcher.cluster import Cluster
@@ -120,11 +120,6 @@ class Event(NamedTuple):
 
 class _Junk(Exception):
     """A line that is not a valid message of this job (its text says why)."""
-
-
-def job_identity(job_name: str, master: str, port: int, nnodes: int) -> str:
-    """The job's identity, from what every host of it knows: 16 hex digits."""
-    return hashlib.sha256(f"{job_name}\n{master}:{port}\n{nnodes}".encode()).hexdigest()[:16]
 
 
 def is_secondary(exception: str, rank: Optional[int]) -> bool:
@@ -919,7 +914,7 @@ def start(node: int, host: str, nnodes: int, master: str, port: Union[int, Seque
     """Start this host's watch (hub on node 0, else client); :class:`Off` if the hub cannot listen (logged).
 
     ``port`` is the watch port, or the candidate ports in order (the hub listens on the first free
-    one, clients look for this job's hub on each); ``job`` the job's identity (:func:`job_identity`),
+    one, clients look for this job's hub on each); ``job`` the job's identity (:func:`launcher.command.job_identity`),
     ``secret`` the shared secret that tags every message (None: none).
     """
     ports = (port,) if isinstance(port, int) else tuple(port)

@@ -250,6 +250,7 @@ def test_train_script_among_the_scripts_arguments_is_the_plain_form():
         assert inv.script == "t.py" and inv.script_args[-2:] == ("--train-script", "x")
 
 
+@pytest.mark.job
 def test_a_dry_run_value_trains_for_real(tmp_path):
     """A hyperparameter whose value is ``--dry-run`` no longer turns the job into a dry run: the script runs."""
     script = tmp_path / "record_argv.py"

@@ -36,7 +36,7 @@ from launcher.simulate import faults, netns
 
 WHY_NOT = netns.unavailable()
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}"),
-              pytest.mark.usefixtures("machine"), pytest.mark.job]
+              pytest.mark.usefixtures("machine"), pytest.mark.job, pytest.mark.lab]
 
 STEP_SLEEP = 0.25  # seconds between all-reduces: a cheap DDP loop, 4 collectives a second
 FAULT_STEP = 5  # the fault fires when the faulted host's worker prints this step
