@@ -16,7 +16,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from launcher.cluster import Cluster
+from launcher.cluster import Cluster, bad_host
+from launcher.errors import ConfigError, shown
 from launcher.options import Options
 from launcher.platforms.base import HostView, Platform
 
@@ -47,9 +48,14 @@ def cluster_for(platform: Platform, environ: Mapping[str, str], host: HostView, 
     """The cluster this launch uses: the platform's reading, then the options that override it.
 
     The one place where options and platform facts meet: ``--nproc-per-node`` replaces the
-    platform's process count (the evidence keeps what the platform said).
+    platform's process count (the evidence keeps what the platform said). Every host name the
+    platform read must be a host name or an IP address (:func:`launcher.cluster.is_host_name`).
     """
     cluster = platform.resolve(environ, host)
+    bad = bad_host(cluster)
+    if bad is not None:  # a platform's own check names its variable; this one holds for every platform
+        source = f" ({shown(cluster.evidence[0], 120)})" if cluster.evidence else ""
+        raise ConfigError(f"{platform.name}: the {bad[0]} {shown(bad[1])} is not a host name or IP address{source}")
     nproc = options.nproc_per_node
     if nproc is None:
         return cluster

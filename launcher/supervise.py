@@ -16,6 +16,8 @@
   zombies are collected while the job runs.
 - The job watch (:mod:`launcher.jobwatch`) may ask for a stop when another host failed: the same
   path as SIGTERM, with a shorter grace period.
+- The worker logs torchrun's ``--tee`` keeps under ``$TMPDIR`` stay small on disk while it runs
+  (:class:`~launcher.logspace.LogTrimmer`).
 - A :class:`~launcher.proctree.Watchdog` kills the tree (and everything with the job's marker) if
   the launcher itself is killed.
 """
@@ -35,6 +37,7 @@ from typing import IO, Callable, Optional, Protocol
 
 from launcher import proctree
 from launcher.command import Launch
+from launcher.logspace import LogTrimmer
 from launcher.outcome import Outcome
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -214,6 +217,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         for sig in FORWARD_ONLY:
             signal.signal(sig, stop.relay)
         watchdog.guard(proc.pid)
+        trimmer = LogTrimmer(proc.pid, launch.log_dir, log, lambda: stop.signal is not None)  # bounded disk use
         log(f"torchrun started as pid {proc.pid}")
         if stop.signal is not None:  # arrived while starting
             stop(stop.signal)
@@ -223,6 +227,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
             pump.start()
         rendezvous_by = None if rendezvous_timeout is None else time.monotonic() + rendezvous_timeout
         returncode, after_grace, no_rendezvous = _wait(proc, stop, log, [proc.pid, watchdog.pid], rendezvous_by)
+        trimmer.stop()
         leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
         if leftovers:
             log(f"killed {leftovers} process(es) torchrun left behind")
