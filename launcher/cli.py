@@ -199,7 +199,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             return 2
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
-    watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
+    watchdog = proctree.Watchdog(log)  # forked before any pipe exists: it holds none of them
     watch = None
     try:
         watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
