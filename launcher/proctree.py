@@ -29,6 +29,7 @@ from typing import Callable, Optional
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
+TRACKED_PRUNE = 4096  # processes tracked before those that ended are forgotten (a long job's DataLoader workers)
 WATCHDOG_NAME = b"ddp-watchdog"  # its /proc/PID/comm: a watchdog is never killed, it ends with its launcher
 
 
@@ -203,17 +204,18 @@ def reap_orphans(keep: Iterable[int], watchdog: Optional[Watchdog] = None) -> in
     :class:`subprocess.Popen` waits for. The living ones (daemons a worker detached) are handed to
     ``watchdog`` to kill should the launcher die, and a watchdog that died is noticed.
     """
-    reaped, spared = 0, set(keep)
-    for pid, (parent, letter) in _process_table().items():
-        if parent != os.getpid() or pid in spared:
-            continue
-        if letter == b"Z":
+    reaped, spared, me = 0, set(keep), os.getpid()
+    table = _process_table()
+    for pid, (parent, letter) in table.items():
+        if parent == me and pid not in spared and letter == b"Z":
             with contextlib.suppress(ChildProcessError):
                 reaped += os.waitpid(pid, os.WNOHANG)[0] == pid
-        elif watchdog is not None:
-            watchdog.track(pid)
-    if watchdog is not None and state(watchdog.pid) in ("Z", None):
-        watchdog.lost("it has exited")
+    if watchdog is not None:
+        living = {pid: parent for pid, (parent, letter) in table.items() if letter != b"Z"}
+        watchdog.track({pid: living[pid] == me and pid not in spared
+                        for pid in descendants([me], living) if pid != watchdog.pid}, set(living))
+        if table.get(watchdog.pid, (0, b"Z"))[1] == b"Z":
+            watchdog.lost("it has exited")
     return reaped
 
 
@@ -319,6 +321,9 @@ class Watchdog:
                 elif kind == b"track":
                     pid, started = (int(word) for word in value.split())
                     tracked[pid] = started
+                elif kind == b"living":  # the others have ended: forget them
+                    alive = {int(word) for word in value.split()}
+                    tracked = {pid: started for pid, started in tracked.items() if pid in alive}
                 elif kind == b"marker":
                     markers.append(bytes.fromhex(value.decode()).decode())
                 elif kind == b"dir":
@@ -350,14 +355,23 @@ class Watchdog:
         """Kill this PID's tree if the launcher dies."""
         self._send("pid", b"%d" % pid)
 
-    def track(self, pid: int) -> None:
-        """Kill this process and its tree if the launcher dies, even once it left the launcher's tree
-        (a re-parented daemon); known by PID and start time. Told once per process."""
-        started = start_time(pid)
-        if pid not in self._tracked and started is not None:
+    def track(self, pids: dict[int, bool], living: set[int]) -> None:
+        """Kill these processes and their trees if the launcher dies, even once they left its tree;
+        each is known by PID and start time, told once. ``pids`` maps each to whether it is a daemon
+        re-parented to the launcher (said in a log line); ``living`` (every living PID) lets the
+        record of processes that ended be dropped."""
+        for pid, reparented in pids.items():
+            started = start_time(pid) if pid not in self._tracked else None
+            if started is None:
+                continue
             self._tracked.add(pid)
             self._send("track", b"%d %d" % (pid, started))
-            self._log(f"process {pid} left torchrun's tree (re-parented to the launcher): it is ended with the job")
+            if reparented:
+                self._log(f"process {pid} left torchrun's tree (re-parented to the launcher): it is ended "
+                          "with the job")
+        if len(self._tracked) > TRACKED_PRUNE:
+            self._tracked &= living
+            self._send("living", b" ".join(b"%d" % pid for pid in sorted(self._tracked)))
 
     def kill_marked(self, marker: str) -> None:
         """Kill every process whose environment holds ``marker`` (``NAME=VALUE``) if the launcher dies."""
