@@ -16,6 +16,7 @@ from typing import Optional
 
 from launcher.errors import ConfigError, shown
 
+MAX_CONFIG_BYTES = 16 << 20  # a configuration file larger than this is not one (10,000 hosts take 200 kB)
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
@@ -40,6 +41,12 @@ def read_bounded(path: str, limit: int, what: str, missing_ok: bool = False) -> 
             return None
         raise ConfigError(f"cannot read {name}: it does not exist") from None
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        try:
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError):
+            mode = stat.S_IFREG
+        if not stat.S_ISREG(mode):  # a socket cannot even be opened (ENXIO)
+            raise ConfigError(f"{name} is {kind_of(mode)}, not a regular file") from None
         raise ConfigError(f"cannot read {name}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         info = os.fstat(fd)

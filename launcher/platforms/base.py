@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from launcher.cluster import MAX_NPROC, Cluster
 from launcher.errors import ConfigError, digits_value, shown
-from launcher.filereader import read_bounded
+from launcher.filereader import MAX_CONFIG_BYTES, read_bounded
 from launcher.platforms.devices import count_gpus
 
 #: One look at something the cluster publishes late: ``(value, state)``; ``None``: not there yet, and
@@ -28,7 +28,6 @@ from launcher.platforms.devices import count_gpus
 Attempt = Callable[[], tuple[Optional[Any], str]]
 
 _ADDRESS = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
-MAX_CONFIG_BYTES = 16 << 20  # a configuration file larger than this is not one (10,000 hosts take 200 kB)
 MAX_COUNT = 1_000_000  # no count a platform publishes (hosts, ranks, devices) is larger: a typo or garbage
 
 

@@ -25,8 +25,8 @@ from typing import Any, Optional
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
-from launcher.filereader import read_bounded
-from launcher.platforms.base import MAX_CONFIG_BYTES, HostView, Platform, node_rank_in, nproc_per_node, whole_number
+from launcher.filereader import MAX_CONFIG_BYTES, read_bounded
+from launcher.platforms.base import HostView, Platform, node_rank_in, nproc_per_node, whole_number
 
 DEFAULT_PORT = 29400
 EVIDENCE = ("CLUSTER_NODES_METADATA_FILE", "JOB_RUN_OCID", "MAIN_JOB_RUN_OCID", "OCI__MODE", "OCI__WORKER_COUNT",

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 
 from launcher.cluster import Cluster, is_host_name
 from launcher.errors import ConfigError, shown
-from launcher.filereader import read_bounded
-from launcher.platforms.base import MAX_CONFIG_BYTES, HostView, Platform, nproc_per_node
+from launcher.filereader import MAX_CONFIG_BYTES, read_bounded
+from launcher.platforms.base import HostView, Platform, nproc_per_node
 from launcher.platforms.slurm import PORT_BASE, PORT_SPAN
 
 

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import Optional
 
 from launcher.errors import ConfigError
+from launcher.filereader import MAX_CONFIG_BYTES, read_bounded
 from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import (
     ADDRESS,
@@ -112,9 +113,8 @@ def hosts_file_text(machine: str, hosts: tuple[str, ...]) -> str:
 
 def _machine_hosts() -> str:
     try:
-        with open("/etc/hosts", encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
+        return (read_bounded("/etc/hosts", MAX_CONFIG_BYTES, "") or b"").decode("utf-8", "replace")
+    except ConfigError:
         return ""
 
 

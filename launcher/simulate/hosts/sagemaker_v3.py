@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from launcher import proctree
+from launcher.filereader import MAX_CONFIG_BYTES, read_bounded
 from launcher.platforms.sagemaker import bundle
 from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import (
@@ -180,9 +181,9 @@ def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[Ho
         namespaces = os.path.join(config.workdir, "namespaces")
         os.makedirs(namespaces)
         hosts_file = os.path.join(namespaces, "hosts")
-        with open("/etc/hosts", encoding="utf-8", errors="replace") as fh, \
-                open(hosts_file, "w", encoding="utf-8") as out:
-            out.write(hosts_file_text(fh.read(), config.hosts))
+        machine = (read_bounded("/etc/hosts", MAX_CONFIG_BYTES, "") or b"").decode("utf-8", "replace")
+        with open(hosts_file, "w", encoding="utf-8") as out:
+            out.write(hosts_file_text(machine, config.hosts))
         code = _code_dir(config, namespaces)
         env = host_environment(config, environ, port)
         specs = []
