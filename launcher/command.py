@@ -54,8 +54,11 @@ def cluster_for(platform: Platform, environ: Mapping[str, str], host: HostView, 
     cluster = platform.resolve(environ, host)
     bad = bad_host(cluster)
     if bad is not None:  # a platform's own check names its variable; this one holds for every platform
-        source = f" ({shown(cluster.evidence[0], 120)})" if cluster.evidence else ""
-        raise ConfigError(f"{platform.name}: the {bad[0]} {shown(bad[1])} is not a host name or IP address{source}")
+        role, name = bad
+        holders = sorted(environ, key=lambda k: environ[k] != name)  # the variable holding exactly it first
+        source = next((k for k in holders if name in environ[k]), None)
+        where = source or (f"{platform.name}: {shown(cluster.evidence[0], 120)}" if cluster.evidence else platform.name)
+        raise ConfigError(f"{where}: the {role} {shown(name)} is not a host name or IP address")
     nproc = options.nproc_per_node
     if nproc is None:
         return cluster
