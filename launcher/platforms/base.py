@@ -235,7 +235,7 @@ def node_count(environ: Mapping[str, str], name: str) -> Optional[int]:
     if low is None or high is None or high > MAX_COUNT:
         raise ConfigError(f"{name} is not a node count or MIN:MAX: {shown(environ[name])}")
     if low != high or low < 1:
-        raise ConfigError(f"{name}={shown(text)} is an elastic range: the launcher's static rendezvous needs a "
+        raise ConfigError(f"{name}={text} is an elastic range: the launcher's static rendezvous needs a "
                           "fixed node count (set min and max replicas equal)")
     return low
 
