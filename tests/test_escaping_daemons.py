@@ -20,7 +20,15 @@ import time
 
 import pytest
 from conftest import PYTHON, REPO, assert_gone, is_alive
-from test_guarantees_processes import LONG_RUN, WORKER, Job, children, comm, start
+from test_guarantees_processes import (  # noqa: F401 (an autouse fixture: a failed test's job is ended)
+    LONG_RUN,
+    WORKER,
+    Job,
+    children,
+    comm,
+    end_what_a_failed_test_left,
+    start,
+)
 from test_launcher_processes import make_host, records, wait_for_records
 
 ESCAPING = os.path.join(REPO, "tests", "scripts", "escaping_worker.py")
