@@ -260,7 +260,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         lab = make_lab(config, specs)
     except (OSError, netns.LabError) as exc:
-        sys.stderr.write(f"{PROG}: error: cannot make the hosts' network namespaces: {exc}\n")
+        streams.write(sys.stderr, f"{PROG}: error: cannot make the hosts' network namespaces: {exc}\n")
         return 1
     sim = Simulation(config, specs, lab)
     try:
