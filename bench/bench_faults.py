@@ -131,6 +131,18 @@ def _inodes(records: Sequence[dict]) -> list[int]:
 
 
 # -- the launcher: simulate fires the faults --------------------------------------------------------
+class NoStart(RuntimeError):
+    """The job never reached its first step (a failed start)."""
+
+
+def first_records(data: Sequence[str], alive: Callable[[], bool]) -> list[dict]:
+    """Both workers' first records; :class:`NoStart` if the job ended or never got there."""
+    found = [record(d, r, 0, alive=alive) for d, r in zip(data, (0, 1))]
+    if any(r is None for r in found):
+        raise NoStart("a worker never started")
+    return [r for r in found if r is not None]
+
+
 class LauncherJob:
     """``simulate --platform-stop off``, its stderr read as it comes."""
 
@@ -196,8 +208,7 @@ def launcher_loss(fault: str, cap: float) -> Optional[float]:
         specs = [f"algo-2:{fault}:step={FIRST_STEP}"] if fault in ("partition", "poweroff") else []
         job = LauncherJob(tmp, specs, loss_args(fault), cap)
         try:
-            first = [record(d, r, 0) for d, r in zip(job.data, (0, 1))]
-            pids = netns.namespace_pids(_inodes([r for r in first if r]))
+            pids = netns.namespace_pids(_inodes(first_records(job.data, lambda: job.proc.poll() is None)))
             if specs:
                 at = job.wait_line("fault: ", 0, 180) or time.monotonic()
             else:
@@ -308,8 +319,7 @@ def torchrun_loss(fault: str, backend: str, cap: float) -> Optional[float]:
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
         job = TorchrunJob(tmp, backend, loss_args(fault))
         try:
-            first = [record(d, r, 0) for d, r in zip(job.data, (0, 1))]
-            pids = netns.namespace_pids(_inodes([r for r in first if r]))
+            pids = netns.namespace_pids(_inodes(first_records(job.data, job.alive)))
             if fault in ("partition", "poweroff"):
                 record(job.data[1], 1, FIRST_STEP)
                 if fault == "partition":
@@ -367,6 +377,16 @@ def table(rows: Sequence[dict], cap: float) -> str:
     return "\n".join(out)
 
 
+def run_round(name: str, fault: str, cap: float) -> tuple[dict, str]:
+    """One round of one contender: the row to record and what to print."""
+    if fault in TRANSIENT:
+        result = launcher_transient(fault, cap) if name == "launcher" else torchrun_transient(fault, name, cap)
+        shown = " ".join(f"{s}s:{'ok' if ok else 'ended'}" for s, ok in zip(TRANSIENT[fault], result))
+        return {"contender": name, "fault": fault, "survived": result}, shown
+    took = launcher_loss(fault, cap) if name == "launcher" else torchrun_loss(fault, name, cap)
+    return {"contender": name, "fault": fault, "seconds": took}, "> cap" if took is None else f"{took:.2f} s"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run every fault with every contender, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -394,16 +414,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for round_ in range(args.rounds):
             for name in args.only or list(CONTENDERS):
                 started = time.monotonic()
-                if fault in TRANSIENT:
-                    result = launcher_transient(fault, args.cap) if name == "launcher" else \
-                        torchrun_transient(fault, name, args.cap)
-                    row = {"contender": name, "fault": fault, "survived": result}
-                    shown = " ".join(f"{s}s:{'ok' if ok else 'ended'}" for s, ok in zip(TRANSIENT[fault], result))
-                else:
-                    took = launcher_loss(fault, args.cap) if name == "launcher" else \
-                        torchrun_loss(fault, name, args.cap)
-                    row = {"contender": name, "fault": fault, "seconds": took}
-                    shown = "> cap" if took is None else f"{took:.2f} s"
+                try:
+                    row, shown = run_round(name, fault, args.cap)
+                except NoStart as exc:  # a failed start measures nothing of the fault: run the round again
+                    print(f"  {fault:15} round {round_ + 1} {CONTENDERS[name]:22} did not start ({exc}): again",
+                          flush=True)
+                    row, shown = run_round(name, fault, args.cap)
                 rows.append(row)
                 print(f"  {fault:15} round {round_ + 1} {CONTENDERS[name]:22} {shown or 'ended before the first'}"
                       f"  ({time.monotonic() - started:.0f} s)", flush=True)
