@@ -7,6 +7,21 @@ from typing import Any, NamedTuple, Optional
 MAX_NPROC = 1024  # more processes per host than any machine has cores or devices: a typo, not a plan
 
 
+class Role(NamedTuple):
+    """This host's place in a job where only some hosts train (SageMaker's heterogeneous clusters).
+
+    The :class:`Cluster` around it is the training world; ``job_hosts`` is every host of the job, the
+    job watch's node order (node 0 holds the hub). A host that does not train runs the script once,
+    without torchrun, with ``env`` added where the environment does not set it already.
+    """
+
+    job_hosts: tuple[str, ...]
+    trains: bool
+    group: str
+    why: str  # which groups train, and why (the dry run shows it)
+    env: tuple[tuple[str, str], ...] = ()
+
+
 class Cluster(NamedTuple):
     """What one host knows about the job's cluster.
 
@@ -28,10 +43,14 @@ class Cluster(NamedTuple):
     instance_type: Optional[str] = None
     job_name: Optional[str] = None
     evidence: tuple[str, ...] = ()
+    role: Optional[Role] = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (used by ``--dry-run --json``)."""
         data = self._asdict()
         data["hosts"] = list(self.hosts)
         data["evidence"] = list(self.evidence)
+        if self.role is not None:
+            data["role"] = {**self.role._asdict(), "job_hosts": list(self.role.job_hosts),
+                            "env": dict(self.role.env)}
         return data

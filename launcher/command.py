@@ -46,10 +46,12 @@ class Launch(NamedTuple):
 def cluster_for(platform: Platform, environ: Mapping[str, str], host: HostView, options: Options) -> Cluster:
     """The cluster this launch uses: the platform's reading, then the options that override it.
 
-    The one place where options and platform facts meet: ``--nproc-per-node`` replaces the
-    platform's process count (the evidence keeps what the platform said).
+    The one place where options and platform facts meet: ``--instance-groups`` tells the platform
+    which groups train; ``--nproc-per-node`` replaces the platform's process count (the evidence keeps
+    what the platform said).
     """
-    cluster = platform.resolve(environ, host)
+    groups = options.instance_groups
+    cluster = platform.resolve(environ, host) if groups is None else platform.resolve_groups(environ, host, groups)
     nproc = options.nproc_per_node
     if nproc is None:
         return cluster

@@ -12,7 +12,9 @@ runs (at most the rendezvous timeout). They exchange newline-delimited JSON obje
   lines of its failure report, ``primary`` False when its failure looks caused by another host (a
   collective whose peer went away, a broken rendezvous);
 - ``done`` {node, host}: that host's workers all succeeded (it may leave);
-- ``lost`` {node, host, why}: the hub lost that host (also sent to the lost host, best effort).
+- ``lost`` {node, host, why}: the hub lost that host (also sent to the lost host, best effort);
+- ``end``: in a job where only some hosts train (:mod:`launcher.groups`), every training host is
+  done: the others stop their script with SIGTERM and their configured grace period, which is no failure.
 
 The hub relays every ``failed`` and every loss to all the others. A peer is lost when its connection
 closes before it said ``done`` or ``failed``, when nothing came from it for the heartbeat timeout, or
@@ -42,6 +44,7 @@ import time
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from launcher.command import address_of, watch_port
+from launcher.groups import training_nodes, watch_place
 
 if TYPE_CHECKING:
     from launcher.cluster import Cluster
@@ -139,6 +142,8 @@ class Watch:
         self.stopped_job = False  # this watch asked supervise to stop the workers
         self._request: Optional[StopRequest] = None
         self._sent = 0.0
+        self.training: Optional[frozenset[int]] = None  # the nodes that train, when not all do
+        self.training_ended = False  # this host was told the training world has ended (``end``)
         self.thread = threading.Thread(target=self._loop, name="job-watch", daemon=True)
 
     # -- the main thread's side --
@@ -149,6 +154,20 @@ class Watch:
             pending = bool(self.events) and request is not None
         if pending:
             self._stop()
+        if request is not None and self.training_ended:
+            request(float("inf"), "job watch: the training world has ended: SIGTERM to the script")
+
+    def _training_over(self) -> None:
+        """Every training host is done: stop this host's script (SIGTERM, the configured grace period)."""
+        with self.cond:
+            if self.training_ended:
+                return
+            self.training_ended = True
+            request = self._request
+        if request is None:
+            self.log("job watch: every training host is done: this host's script will be stopped (SIGTERM)")
+        else:
+            request(float("inf"), "job watch: the training world has ended: SIGTERM to the script")
 
     def cause(self) -> Optional[Event]:
         """The job's root cause seen so far: the first primary failure, else the first event."""
@@ -315,6 +334,8 @@ class Hub(Watch):
         self.selector.register(self.listener, selectors.EVENT_READ, None)
         self.states: dict[int, str] = {}  # node -> running, done, failed, lost
         self.own: Optional[dict] = None  # this host's failure, to tell the clients
+        self.own_done = False  # this host's workers all succeeded
+        self.end_sent = False  # ``end`` was broadcast: every training node is done
 
     def close(self) -> None:
         """End the loop thread, close every socket and stop listening."""
@@ -348,6 +369,8 @@ class Hub(Watch):
             self._send(peer, {"t": "hello", "node": 0, "host": self.host, "nnodes": self.nnodes})
             for event in list(self.events):
                 self._send(peer, _as_message(event))
+            if self.end_sent:
+                self._send(peer, {"t": "end"})
         elif kind == "failed":
             event = _event({**message, "node": peer.node, "host": peer.host}, self.nnodes)
             peer.ended = True
@@ -368,9 +391,11 @@ class Hub(Watch):
 
     def _leave(self, message: dict, code: int) -> None:
         """Tell everyone, then keep relaying until every node that joined is done, failed or lost."""
-        if code != 0:
-            with self.cond:
+        with self.cond:
+            if code != 0:
                 self.own = message  # sent by the loop thread, which owns the sockets
+            else:
+                self.own_done = True
         deadline = None if code == 0 else time.monotonic() + self.timeout + REMOTE_GRACE + 10
         while any(s == "running" for s in list(self.states.values())):
             if deadline is not None and time.monotonic() > deadline:
@@ -382,6 +407,12 @@ class Hub(Watch):
             own, self.own = self.own, None
         if own is not None:
             self._broadcast(own)
+        if self.training is not None and not self.end_sent and all(
+                (n == self.node and self.own_done) or self.states.get(n) == "done" for n in self.training):
+            self.end_sent = True
+            self._broadcast({"t": "end"})
+            if self.node not in self.training:
+                self._training_over()
 
 
 def _as_message(event: Event) -> dict:
@@ -424,6 +455,8 @@ class Client(Watch):
                 raise ValueError("not this job's hub")
             peer.node, peer.host = 0, _text(message["host"], 100)
             self.log(f"job watch: connected to the hub on {peer.host} ({self.address}:{self.port})")
+        elif kind == "end":
+            self._training_over()
         elif kind in ("failed", "lost"):
             event = _event(message, self.nnodes)
             if event.node != self.node or event.kind == "lost":
@@ -458,8 +491,10 @@ class Client(Watch):
 
 
 def start(node: int, host: str, nnodes: int, master: str, port: int, timeout: float, connect_for: float,
-          log: Callable[[str], None]) -> Optional[Watch]:
-    """Start this host's watch (hub on node 0, else client); None if the hub cannot listen (logged)."""
+          log: Callable[[str], None], training: Optional[frozenset[int]] = None) -> Optional[Watch]:
+    """Start this host's watch (hub on node 0, else client); None if the hub cannot listen (logged).
+
+    ``training``: the nodes that train, when not all do (the hub sends ``end`` when they are all done)."""
     try:
         watch: Watch = (Hub(port, node, host, nnodes, timeout, log) if node == 0 else
                         Client(master, port, time.monotonic() + connect_for, node, host, nnodes, timeout, log))
@@ -468,6 +503,7 @@ def start(node: int, host: str, nnodes: int, master: str, port: int, timeout: fl
         return None
     if node == 0:
         log(f"job watch: hub on port {port}")
+    watch.training = training
     watch.thread.start()
     return watch
 
@@ -475,9 +511,9 @@ def start(node: int, host: str, nnodes: int, master: str, port: int, timeout: fl
 def for_cluster(cluster: Cluster, options: Options, log: Callable[[str], None]) -> Optional[Watch]:
     """The watch of this host's launcher (several nodes); None if the hub cannot listen (logged)."""
     port = watch_port(cluster, options)
-    return start(cluster.node_rank, cluster.current_host, cluster.nnodes,
-                 address_of(cluster.master_addr or "", options.resolve), port, options.heartbeat_timeout,
-                 float(options.rdzv_timeout), log)
+    node, nnodes, hub = watch_place(cluster)
+    return start(node, cluster.current_host, nnodes, address_of(hub, options.resolve), port,
+                 options.heartbeat_timeout, float(options.rdzv_timeout), log, training_nodes(cluster))
 
 
 def conclude(watch: Watch, host: str, outcome: Outcome, cause: Optional[RootCause], code: int,

@@ -57,7 +57,8 @@ def _host_tree(config: Config, host: str, submit: str) -> tuple[str, dict[str, A
     raw = encode_hyperparameters({**config.user_hyperparameters,
                                   **sdk_entries(config.job_name, submit, bundle.ENTRY_POINT)})
     interface = NETNS_INTERFACE if in_namespaces(config) else INTERFACE
-    files = {"resource": resource_config(config.hosts, host, config.instance_type, interface),
+    files = {"resource": resource_config(config.hosts, host, config.instance_type, interface,
+                                         config.instance_groups),
              "data": input_data_config(config.channels), "hps": raw}
     conf = os.path.join(base, "input", "config")
     write_json(os.path.join(conf, "resourceconfig.json"), files["resource"])
