@@ -91,11 +91,15 @@ def parse_names(text: str) -> tuple[str, ...]:
     text = text.strip()
     if text.startswith("["):
         import ast
+        import json
 
         try:
-            value = ast.literal_eval(text)  # a JSON list of strings is also a Python literal
-        except (ValueError, SyntaxError, RecursionError, MemoryError):
-            raise ValueError(text) from None
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            try:
+                value = ast.literal_eval(text)  # Python's str() of a list
+            except (ValueError, SyntaxError, RecursionError, MemoryError):
+                raise ValueError(text) from None
     else:
         value = [part.strip() for part in text.split(",")]
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value) \

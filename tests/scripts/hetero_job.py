@@ -1,0 +1,58 @@
+"""A heterogeneous job's script: the training groups run ``ddp_allreduce.py``; the other hosts serve.
+
+On a host outside the training world (no ``RANK``: the launcher runs the script once, without
+torchrun) it appends its facts to ``$SM_OUTPUT_DATA_DIR/outside.jsonl`` (one line per run of the
+script: pid, ancestors, the variables it got), prints ``serve=N`` every ``--serve-sleep`` seconds,
+and on SIGTERM appends ``{"sigterm": true}`` and exits ``--serve-exit`` (default 0). ``--serve-steps N``
+(default 0: until stopped) ends on its own after N rounds with ``--serve-exit``. The bundle holds only
+this file: ``ddp_allreduce.py`` is found in ``$HETERO_SCRIPTS`` (the tests' scripts directory).
+"""
+
+import argparse
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+
+SCRIPTS = os.environ.get("HETERO_SCRIPTS") or os.path.dirname(os.path.abspath(__file__))
+NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH", "TRAINING_JOB_NAME")
+
+
+def append(path, facts):
+    with open(path, "a") as fh:
+        fh.write(json.dumps(facts) + "\n")
+
+
+def serve():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--serve-sleep", type=float, default=0.1)
+    parser.add_argument("--serve-steps", type=int, default=0)
+    parser.add_argument("--serve-exit", type=int, default=0)
+    args, _unknown = parser.parse_known_args()
+    out = os.path.join(os.environ.get("SM_OUTPUT_DATA_DIR", "."), "outside.jsonl")
+    sys.path.insert(0, SCRIPTS)
+    from ddp_allreduce import ancestors
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("SM_") or k in NAMES}
+    append(out, {"pid": os.getpid(), "ancestors": ancestors(os.getpid()), "env": env, "argv": sys.argv[1:]})
+
+    def stopped(_signum, _frame):
+        append(out, {"sigterm": True, "at": time.time()})
+        sys.exit(args.serve_exit)
+
+    signal.signal(signal.SIGTERM, stopped)
+    rounds = 0
+    while args.serve_steps == 0 or rounds < args.serve_steps:
+        rounds += 1
+        print(f"serve={rounds}", flush=True)
+        time.sleep(args.serve_sleep)
+    sys.exit(args.serve_exit)
+
+
+if __name__ == "__main__":
+    if "RANK" in os.environ:
+        runpy.run_path(os.path.join(SCRIPTS, "ddp_allreduce.py"), run_name="__main__")
+    else:
+        serve()
