@@ -2,7 +2,7 @@
 
 On a host outside the training world (no ``RANK``: the launcher runs the script once, without
 torchrun) it appends its facts to ``$SM_OUTPUT_DATA_DIR/outside.jsonl`` (one line per run of the
-script: pid, ancestors, the variables it got), prints ``serve=N`` every ``--serve-sleep`` seconds,
+script: pid, ancestors, the variables it got), prints ``step=N`` every ``--serve-sleep`` seconds,
 and on SIGTERM appends ``{"sigterm": true}`` and exits ``--serve-exit`` (default 0). ``--serve-steps N``
 (default 0: until stopped) ends on its own after N rounds with ``--serve-exit``. The bundle holds only
 this file: ``ddp_allreduce.py`` is found in ``$HETERO_SCRIPTS`` (the tests' scripts directory).
@@ -46,7 +46,7 @@ def serve():
     rounds = 0
     while args.serve_steps == 0 or rounds < args.serve_steps:
         rounds += 1
-        print(f"serve={rounds}", flush=True)
+        print(f"step={rounds}", flush=True)
         time.sleep(args.serve_sleep)
     sys.exit(args.serve_exit)
 

@@ -1,0 +1,101 @@
+"""SageMaker heterogeneous jobs on simulated hosts in network namespaces (``simulate --instance-groups``).
+
+2 hosts of group ``train`` (2 processes each) and 1 of group ``data``; the hyperparameter
+``launcher-instance-groups`` names ``train``. The training world is 4 ranks, rank 0 on algo-1; algo-3
+runs the script once, without torchrun and with no ``RANK``, and is stopped (SIGTERM, exit 0) when the
+training world ends. A lost ``data`` host (its launcher SIGKILLed) stops every host through the job
+watch, with the same root cause everywhere. Every process is proven gone by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+from conftest import REPO, assert_gone, launcher_env
+from test_simulate import Simulate, job_pids, processes_inside, rank_records, read_json
+
+from launcher import jobwatch
+from launcher.simulate import netns
+
+WHY_NOT = netns.unavailable()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}")
+SCRIPTS = os.path.join(REPO, "tests", "scripts")
+SCRIPT = os.path.join(SCRIPTS, "hetero_job.py")
+GROUPS = "train=ml.g5.xlarge:2,data=ml.c5.xlarge:1"
+HEARTBEAT_TIMEOUT = 3.0  # the launcher's default
+# The job watch's bound for a lost host (connection closed: seen at once; silent: the heartbeat timeout),
+# then the remote stop's grace period; plus a margin for a loaded 2-core machine.
+LOSS_BOUND = HEARTBEAT_TIMEOUT + jobwatch.REMOTE_GRACE + 10.0
+
+
+def start(tmp_path: Any, name: str, *args: str, script_args: tuple[str, ...]) -> tuple[Simulate, str]:
+    workdir = str(tmp_path / name)
+    sim = Simulate(["--instance-groups", GROUPS, "--nproc-per-node", "2", "--workdir", workdir, "--job-name", name,
+                    *args, "--", SCRIPT, "--launcher-instance-groups", "train", *script_args], str(tmp_path),
+                   launcher_env(HETERO_SCRIPTS=SCRIPTS))
+    return sim, workdir
+
+
+def outside_runs(workdir: str) -> list[dict[str, Any]]:
+    path = os.path.join(workdir, "algo-3", "output", "data", "outside.jsonl")
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def all_pids(sim: Simulate, workdir: str, summary: dict) -> list[int]:
+    """Every rank, torchrun and launcher (job_pids), and the data host's script and its ancestors below simulate."""
+    pids = set(job_pids(rank_records(workdir, 3), sim.proc.pid, summary))
+    for run in outside_runs(workdir):
+        if "pid" in run:
+            chain = run["ancestors"]
+            pids.update([run["pid"], *chain[:chain.index(sim.proc.pid)]])
+    return sorted(pids)
+
+
+def test_two_training_hosts_and_a_data_host_end_cleanly(tmp_path: Any) -> None:
+    sim, workdir = start(tmp_path, "hetero-ok", script_args=("--steps", "3"))
+    code = sim.finish()
+    summary = read_json(os.path.join(workdir, "summary.json"))
+    assert_gone(all_pids(sim, workdir, summary))
+    assert processes_inside(workdir) == []
+    assert code == 0 and [h["exit_code"] for h in summary["hosts"]] == [0, 0, 0], sim.stderr
+    assert summary["network"] == "netns"
+    records = rank_records(workdir, 3)
+    assert [r["rank"] for r in records["algo-1"]] == [0, 1] and [r["rank"] for r in records["algo-2"]] == [2, 3]
+    assert records["algo-3"] == []
+    assert {r["world_size"] for recs in records.values() for r in recs} == {4}
+    assert {r["sum"] for recs in records.values() for r in recs} == {10.0}  # 1+2+3+4: the four ranks
+    assert {r["env"]["SM_CURRENT_INSTANCE_GROUP"] for r in records["algo-1"] + records["algo-2"]} == {"train"}
+    runs = outside_runs(workdir)
+    assert len([r for r in runs if "pid" in r]) == 1, runs  # the script ran once
+    env = runs[0]["env"]
+    assert "RANK" not in env and "WORLD_SIZE" not in env and "LOCAL_RANK" not in env
+    assert env["SM_CURRENT_INSTANCE_GROUP"] == "data" and env["SM_CURRENT_HOST"] == "algo-3"
+    assert json.loads(env["SM_INSTANCE_GROUPS"]) == ["data", "train"]  # its own group first
+    assert env["MASTER_ADDR"] == "algo-1" and env["MASTER_PORT"].isdigit()
+    assert runs[-1].get("sigterm") is True  # stopped when the training world ended, and it chose exit 0
+    assert "the training world has ended and this host's script with it" in sim.stderr
+    assert "job watch: the training world has ended: SIGTERM to the script" in sim.stderr
+
+
+def test_a_lost_data_host_stops_every_host_with_one_root_cause(tmp_path: Any) -> None:
+    sim, workdir = start(tmp_path, "hetero-lost", "--fault", "algo-3:SIGKILL:step=5", "--platform-stop", "off",
+                         "--deadline", "120", script_args=("--steps", "0", "--step-sleep", "0.1"))
+    code = sim.finish()
+    summary = read_json(os.path.join(workdir, "summary.json"))
+    assert_gone(all_pids(sim, workdir, summary))
+    assert processes_inside(workdir) == []
+    hosts = {h["host"]: h for h in summary["hosts"]}
+    assert code == 137 and hosts["algo-3"]["exit_code"] == 137, sim.stderr
+    for host in ("algo-1", "algo-2"):
+        assert hosts[host]["exit_code"] == 137, sim.stderr
+        assert hosts[host]["failure"].startswith("algo-3 lost: connection closed"), hosts[host]["failure"]
+    records = rank_records(workdir, 3)
+    assert all(r["sigterm"] for recs in records.values() for r in recs)  # stopped, not crashed
+    elapsed = summary["fault_to_last_exit"]
+    assert elapsed < LOSS_BOUND, elapsed
+    print(f"\nthe data host lost (SIGKILL): every host ended {elapsed:.1f} s after the fault "
+          f"(bound {LOSS_BOUND:g} s)")
