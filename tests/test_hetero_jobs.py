@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from typing import Any
 
 import pytest
@@ -99,3 +100,31 @@ def test_a_lost_data_host_stops_every_host_with_one_root_cause(tmp_path: Any) ->
     assert elapsed < LOSS_BOUND, elapsed
     print(f"\nthe data host lost (SIGKILL): every host ended {elapsed:.1f} s after the fault "
           f"(bound {LOSS_BOUND:g} s)")
+
+
+V3_PYTHON = os.path.join(REPO, ".venv-v3", "bin", "python")
+
+
+@pytest.mark.skipif(not os.access(V3_PYTHON, os.X_OK), reason="no .venv-v3 (SageMaker SDK 3.x): `make test` creates it")
+def test_the_same_job_through_sdk_v3_drivers(tmp_path: Any) -> None:
+    # ModelTrainer's sm_drivers channel, written by the installed SDK 3.x's own code; each host runs sm_train.sh.
+    drivers = str(tmp_path / "drivers")
+    subprocess.run([V3_PYTHON, os.path.join(REPO, "tools", "sm_drivers_v3.py"), drivers], check=True, timeout=300,
+                   capture_output=True)
+    sim, workdir = start(tmp_path, "hetero-v3", "--sdk", "v3", "--sm-drivers", drivers, script_args=("--steps", "3"))
+    code = sim.finish()
+    summary = read_json(os.path.join(workdir, "summary.json"))
+    assert_gone(all_pids(sim, workdir, summary))
+    assert processes_inside(workdir) == []
+    assert code == 0 and [h["exit_code"] for h in summary["hosts"]] == [0, 0, 0], sim.stderr
+    assert "Running Basic Script driver" in sim.stderr + sim.stdout  # the SDK's driver started each launcher
+    records = rank_records(workdir, 3)
+    assert [r["rank"] for r in records["algo-1"]] == [0, 1] and [r["rank"] for r in records["algo-2"]] == [2, 3]
+    assert {r["world_size"] for recs in records.values() for r in recs} == {4}
+    runs = outside_runs(workdir)
+    assert len([r for r in runs if "pid" in r]) == 1 and runs[-1].get("sigterm") is True
+    env = runs[0]["env"]
+    assert "RANK" not in env and env["MASTER_ADDR"] == "algo-1"
+    # SDK 3.x's drivers set none of the toolkit's group variables: the launcher gives them, as the toolkit would.
+    assert env["SM_CURRENT_INSTANCE_GROUP"] == "data" and env["SM_IS_HETERO"] == "true"
+    assert json.loads(env["SM_INSTANCE_GROUPS_DICT"])["train"]["hosts"] == ["algo-1", "algo-2"]
