@@ -325,3 +325,46 @@ def test_simulated_trees_are_what_aws_toolkit_reads(tmp_path: Any) -> None:
 def test_bad_simulated_groups_are_refused(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_instance_groups(text, 64)
+
+
+# ------------------------------------------------------------------------------------------------
+# Garbage in the group fields: a cluster or one bounded line, never another exception
+# ------------------------------------------------------------------------------------------------
+
+_names = st.sampled_from(["train", "data", "", " ", "x" * 300])
+_groups = st.one_of(st.none(), st.text(max_size=5), st.integers(), st.lists(st.one_of(
+    st.fixed_dictionaries({}, optional={
+        "instance_group_name": st.one_of(_names, st.integers(), st.none()),
+        "instance_type": st.one_of(st.text(max_size=5), st.integers(), st.none()),
+        "hosts": st.one_of(st.lists(st.sampled_from(["algo-1", "algo-2", "algo-9", ""]), max_size=3),
+                           st.text(max_size=3), st.none())}),
+    st.integers(), st.none()), max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups_=_groups, current=st.sampled_from(["algo-1", "algo-2"]),
+       distribution=st.one_of(st.none(), st.just('["train"]'), st.just('"data,train"'), st.just("[1]"),
+                              st.just("{"), st.just('["gpu"]')),
+       chosen=st.one_of(st.none(), st.just("train"), st.just("data,train"), st.just("gpu")))
+def test_group_fields_give_a_cluster_or_one_line(tmp_path_factory: Any, groups_: Any, current: str,
+                                                  distribution: Optional[str], chosen: Optional[str]) -> None:
+    base = tmp_path_factory.mktemp("fuzz")
+    (base / "input" / "config").mkdir(parents=True)
+    config = {"hosts": ["algo-1", "algo-2"], "current_host": current, "current_group_name": "train"}
+    if groups_ is not None:
+        config["instance_groups"] = groups_
+    (base / "input" / "config" / "resourceconfig.json").write_text(json.dumps(config))
+    if distribution is not None:
+        (base / "input" / "config" / "hyperparameters.json").write_text(
+            json.dumps({"sagemaker_distribution_instance_groups": distribution}))
+    options = options_for(*(["--instance-groups", chosen] if chosen else []))
+    try:
+        cluster = resolve_cluster({"SAGEMAKER_BASE_DIR": str(base)}, options)
+    except ConfigError as err:
+        assert "\n" not in str(err) and len(str(err)) < 700
+        return
+    assert cluster.nnodes == len(cluster.hosts) >= 1 and list(cluster.hosts) == sorted(cluster.hosts)
+    if cluster.role is None or cluster.role.trains:
+        assert cluster.hosts[cluster.node_rank] == current
+    else:
+        assert cluster.node_rank == -1 and current not in cluster.hosts and current in cluster.role.job_hosts

@@ -102,6 +102,22 @@ def test_a_lost_data_host_stops_every_host_with_one_root_cause(tmp_path: Any) ->
           f"(bound {LOSS_BOUND:g} s)")
 
 
+def test_a_failing_rank_stops_the_data_host_with_its_root_cause(tmp_path: Any) -> None:
+    sim, workdir = start(tmp_path, "hetero-fail", "--platform-stop", "off", "--deadline", "120",
+                         script_args=("--steps", "0", "--step-sleep", "0.1", "--fail-rank", "3", "--exit-code", "7"))
+    code = sim.finish()
+    summary = read_json(os.path.join(workdir, "summary.json"))
+    assert_gone(all_pids(sim, workdir, summary))
+    assert processes_inside(workdir) == []
+    assert code == 7 and [h["exit_code"] for h in summary["hosts"]] == [7, 7, 7], sim.stderr
+    for host in summary["hosts"]:
+        assert host["failure"].startswith("algo-2: rank 3 (local rank 1) exited with code 7"), host["failure"]
+    with open(os.path.join(workdir, "algo-3", "output", "failure"), encoding="utf-8") as fh:
+        assert "\nthen algo-3: its workers were stopped because of that" in fh.read()  # the data host's own part
+    runs = outside_runs(workdir)
+    assert len([r for r in runs if "pid" in r]) == 1 and runs[-1].get("sigterm") is True
+
+
 V3_PYTHON = os.path.join(REPO, ".venv-v3", "bin", "python")
 
 
