@@ -21,9 +21,13 @@ hyperparameters as ``--key value`` pairs in the order given (text as is, anythin
 ``true``, ``[1, 2]``), which is the SageMaker form (:mod:`.argv`); and
 :meth:`SageMaker.prepare_argv` leaves such an argv alone (it is never SDK 2.x's rendering split at spaces).
 
+Heterogeneous jobs (several instance groups, :mod:`.groups`): the training world is the hosts of the
+training groups (``--instance-groups``, else ``sagemaker_distribution_instance_groups``, else every
+group), sorted the same way; a host outside them gets a :class:`~launcher.cluster.Role` that does not train.
+
 The rest of the SageMaker-only code lives beside this module: ``argv`` (AWS's rendering of
 hyperparameters into argv, the repair of an argv an old toolkit split, and the launcher's options
-read back from those pairs) and ``bundle`` (what an estimator uploads).
+read back from those pairs), ``bundle`` (what an estimator uploads) and ``groups`` (instance groups).
 """
 
 from __future__ import annotations
