@@ -2,7 +2,8 @@
 
 Usage::
 
-    ddp-launcher simulate --hosts N | --instance-groups NAME=TYPE:COUNT,... [--platform P] [--nproc-per-node K] [--workdir DIR]
+    ddp-launcher simulate --hosts N | --instance-groups NAME=TYPE:COUNT,... [--platform P]
+        [--nproc-per-node K] [--workdir DIR]
         [--job-name NAME] [--fault HOST:SIGNAL:AFTER ...] [--grace-period S]
         [--network netns|loopback] [--platform-stop on|off] [--deadline S]
         [SageMaker: --instance-type ml.m5.xlarge --channel NAME=DIR ... --hyperparameters JSON --toolkit]
@@ -85,7 +86,8 @@ Each host ``algo-i`` gets what a SageMaker host gets, written in AWS's formats:
   job's business (the hyperparameter ``launcher-instance-groups``), as on SageMaker.
 - The source bundle (:func:`launcher.platforms.sagemaker.bundle.stage_bundle`; a script inside an
   unpacked upload, with ``launch.py`` and ``launcher/`` beside it, takes that directory's other files
-  along) is packed once into ``DIR/sourcedir.tar.gz``, the file the SDK uploads; ``sagemaker_submit_directory`` names it. Without
+  along) is packed once into ``DIR/sourcedir.tar.gz``, the file the SDK uploads;
+  ``sagemaker_submit_directory`` names it. Without
   ``--toolkit`` simulate extracts it into each ``code/``; with ``--toolkit`` AWS's toolkit does
   (``files.download_and_extract``), as on SageMaker; with ``--network loopback`` it is told to skip
   its wait for the hosts' names (``SM_STUDIO_LOCAL_MODE``), with ``netns`` it waits as on SageMaker.
