@@ -86,10 +86,10 @@ def parse_resolve(text: str) -> dict[str, str]:
 
 
 def parse_names(text: str) -> tuple[str, ...]:
-    """Names as a list: ``a,b``, or a JSON or Python list of text (AWS renders a list hyperparameter with
-    Python's ``str()``: ``['a', 'b']``). Raises ValueError when empty, not text, or repeated."""
+    """Names as a list: ``a,b``, or a JSON or Python list (or tuple) of text (AWS renders a list
+    hyperparameter with Python's ``str()``: ``['a', 'b']``). Raises ValueError when empty, not text, or repeated."""
     text = text.strip()
-    if text.startswith("["):
+    if text.startswith(("[", "(")):
         import ast
         import json
 
@@ -97,11 +97,12 @@ def parse_names(text: str) -> tuple[str, ...]:
             value = json.loads(text)
         except (ValueError, RecursionError):
             try:
-                value = ast.literal_eval(text)  # Python's str() of a list
+                value = ast.literal_eval(text)  # Python's str() of a list or a tuple
             except (ValueError, SyntaxError, RecursionError, MemoryError):
                 raise ValueError(text) from None
     else:
         value = [part.strip() for part in text.split(",")]
+    value = list(value) if isinstance(value, tuple) else value
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value) \
             or len(set(value)) != len(value):
         raise ValueError(text)
