@@ -631,7 +631,7 @@ class Hub(Watch):
             own = self.own if self.told else None
         if own is not None:
             self._send(conn, own)
-        if self.end_sent:
+        if self.end_sent and node not in (self.training or ()):
             self._send(conn, {"t": "end"})
 
     def _on_message(self, conn: _Conn, message: dict) -> None:
@@ -710,7 +710,9 @@ class Hub(Watch):
             self._broadcast(own)
         if self.training is not None and not self.end_sent and self._trainers_done(own):
             self.end_sent = True
-            self._broadcast({"t": "end"})
+            for node, known in list(self.nodes.items()):
+                if node not in self.training and known.conn is not None:
+                    self._send(known.conn, {"t": "end"})
             if self.node not in self.training:
                 self._training_over()
 
@@ -840,7 +842,7 @@ class Client(Watch):
                 self._record(event)
         elif kind == "done":
             self.ended = True
-        elif kind == "end":
+        elif kind == "end" and self.node not in (self.training or ()):
             self._training_over()
         elif kind == "replaced":  # a newer connection of this node took over (or someone claims to be it)
             self._drop(conn)
