@@ -22,7 +22,8 @@ from launcher import jobwatch
 from launcher.simulate import netns
 
 WHY_NOT = netns.unavailable()
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}")
+pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}"),
+              pytest.mark.job, pytest.mark.lab]
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
 SCRIPT = os.path.join(SCRIPTS, "hetero_job.py")
 GROUPS = "train=ml.g5.xlarge:2,data=ml.c5.xlarge:1"

@@ -458,6 +458,9 @@ def test_what_was_submitted_trains_under_aws_toolkit(submitted, endpoint, tmp_pa
     assert endpoint.trap.hits == []
 
 
+@pytest.mark.job
+@pytest.mark.lab
+@pytest.mark.notebook
 def test_the_heterogeneous_job_as_submitted_runs_on_simulated_hosts(submitted, endpoint, tmp_path):
     """The notebook's heterogeneous job: 2 train + 1 data instances, the launcher's hyperparameter; its
     recorded request replayed on three simulated hosts through AWS's real toolkit."""

@@ -228,6 +228,9 @@ def test_what_was_submitted_trains_through_the_sdks_drivers(recorded, endpoint, 
     assert endpoint.trap.hits == []
 
 
+@pytest.mark.job
+@pytest.mark.lab
+@pytest.mark.notebook
 def test_the_heterogeneous_job_runs_through_the_sdks_drivers(recorded, endpoint, tmp_path):  # noqa: F811
     """``Compute(instance_groups=...)``: 2 train + 1 data instances; the recorded request replayed with the
     SDK's own drivers on three simulated hosts."""

@@ -20,6 +20,20 @@ SCRIPTS = os.environ.get("HETERO_SCRIPTS") or os.path.dirname(os.path.abspath(__
 NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH", "TRAINING_JOB_NAME")
 
 
+def ancestors(pid):
+    """``[parent, grandparent, ...]`` up to pid 1, from /proc (as ddp_allreduce.py; no torch here)."""
+    chain = []
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            break
+        pid = int(stat[stat.rfind(b")") + 2:].split()[1])
+        chain.append(pid)
+    return chain
+
+
 def append(path, facts):
     with open(path, "a") as fh:
         fh.write(json.dumps(facts) + "\n")
@@ -32,9 +46,6 @@ def serve():
     parser.add_argument("--serve-exit", type=int, default=0)
     args, _unknown = parser.parse_known_args()
     out = os.path.join(os.environ.get("SM_OUTPUT_DATA_DIR", "."), "outside.jsonl")
-    sys.path.insert(0, SCRIPTS)
-    from ddp_allreduce import ancestors
-
     env = {k: v for k, v in os.environ.items() if k.startswith("SM_") or k in NAMES}
     append(out, {"pid": os.getpid(), "ancestors": ancestors(os.getpid()), "env": env, "argv": sys.argv[1:]})
 
