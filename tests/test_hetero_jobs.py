@@ -84,7 +84,8 @@ def test_two_training_hosts_and_a_data_host_end_cleanly(tmp_path: Any) -> None:
 
 def test_a_lost_data_host_stops_every_host_with_one_root_cause(tmp_path: Any) -> None:
     sim, workdir = start(tmp_path, "hetero-lost", "--fault", "algo-3:SIGKILL:step=5", "--platform-stop", "off",
-                         "--deadline", "120", script_args=("--steps", "0", "--step-sleep", "0.1"))
+                         "--deadline", "300",
+                         script_args=("--steps", "0", "--step-sleep", "0.1", "--serve-wait-master"))
     code = sim.finish()
     summary = read_json(os.path.join(workdir, "summary.json"))
     assert_gone(all_pids(sim, workdir, summary))

@@ -4,8 +4,10 @@ On a host outside the training world (no ``RANK``: the launcher runs the script 
 torchrun) it appends its facts to ``$SM_OUTPUT_DATA_DIR/outside.jsonl`` (one line per run of the
 script: pid, ancestors, the variables it got), prints ``step=N`` every ``--serve-sleep`` seconds,
 and on SIGTERM appends ``{"sigterm": true}`` and exits ``--serve-exit`` (default 0). ``--serve-steps N``
-(default 0: until stopped) ends on its own after N rounds with ``--serve-exit``. The bundle holds only
-this file: ``ddp_allreduce.py`` is found in ``$HETERO_SCRIPTS`` (the tests' scripts directory).
+(default 0: until stopped) ends on its own after N rounds with ``--serve-exit``. ``--serve-wait-master``:
+first wait (at most 300 s) until the training world's master answers on ``MASTER_ADDR:MASTER_PORT``
+(torchrun's store on the first training host is up, so every launcher of the job has long started).
+The bundle holds only this file: ``ddp_allreduce.py`` is found in ``$HETERO_SCRIPTS`` (the tests' scripts directory).
 """
 
 import argparse
@@ -13,6 +15,7 @@ import json
 import os
 import runpy
 import signal
+import socket
 import sys
 import time
 
@@ -44,6 +47,7 @@ def serve():
     parser.add_argument("--serve-sleep", type=float, default=0.1)
     parser.add_argument("--serve-steps", type=int, default=0)
     parser.add_argument("--serve-exit", type=int, default=0)
+    parser.add_argument("--serve-wait-master", action="store_true")
     args, _unknown = parser.parse_known_args()
     out = os.path.join(os.environ.get("SM_OUTPUT_DATA_DIR", "."), "outside.jsonl")
     env = {k: v for k, v in os.environ.items() if k.startswith("SM_") or k in NAMES}
@@ -54,6 +58,13 @@ def serve():
         sys.exit(args.serve_exit)
 
     signal.signal(signal.SIGTERM, stopped)
+    deadline = time.monotonic() + 300
+    while args.serve_wait_master and time.monotonic() < deadline:
+        try:
+            socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
     rounds = 0
     while args.serve_steps == 0 or rounds < args.serve_steps:
         rounds += 1
