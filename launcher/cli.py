@@ -226,7 +226,8 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
         report = ""
         if outside:
-            code = groups.exit_code(outcome, watch is not None and watch.training_ended)
+            code = groups.exit_code(outcome, watch is not None and watch.training_ended,
+                                    watch is not None and watch.stopped_job)
             report = groups.report(c, outcome, code, limit) if code != 0 else ""
         elif code != 0:
             rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "

@@ -10,7 +10,8 @@ failure report work as for torchrun; the exit code is the script's own (128+N fo
 The job watch numbers every host of the job (``Role.job_hosts``; node 0 holds the hub). When every
 training host has said ``done``, it stops the other hosts with SIGTERM and their configured grace
 period: a script that exits 0 on SIGTERM, or dies of that SIGTERM, ends its host cleanly (exit 0);
-any other exit is that host's failure.
+any other exit is that host's failure. Stopped because another host failed, it exits with the job's
+root cause like every other host, whatever its script did.
 """
 
 from __future__ import annotations
@@ -80,13 +81,16 @@ def script_launch(cluster: Cluster, options: Options, script: str, script_args: 
                   os.path.join(run_dir, "error.json"), os.path.join(run_dir, "logs"), tuple(notes))
 
 
-def exit_code(outcome: Outcome, training_ended: bool) -> int:
-    """The script's code (128+N for signal N); 0 when the stop at the training world's end ended it."""
+def exit_code(outcome: Outcome, training_ended: bool, stopped_by_failure: bool = False) -> int:
+    """The script's code (128+N for signal N); 0 when the stop at the training world's end ended it.
+
+    ``stopped_by_failure``: the job watch stopped it because another host failed: even a clean exit
+    is then no success (128+N), so that the job's root cause decides the code."""
     code = outcome.returncode
     if training_ended and (code == 0 or (code == -signal.SIGTERM and not outcome.killed_after_grace)):
         return 0
     if code == 0:
-        return 0
+        return 128 + outcome.stop_signal if stopped_by_failure and outcome.stop_signal else 0
     if outcome.stop_signal is not None and not training_ended:
         return 128 + outcome.stop_signal
     return code if code > 0 else 128 - code

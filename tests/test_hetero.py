@@ -226,6 +226,8 @@ def test_the_exit_code_outside_the_training_world(returncode: int, stop: Optiona
                                                    ended: bool, code: int) -> None:
     outcome = Outcome(returncode, 1, stop, after_grace)
     assert groups.exit_code(outcome, ended) == code
+    if stop and not ended:  # stopped because another host failed: never a success
+        assert groups.exit_code(outcome, ended, stopped_by_failure=True) == (code or 128 + stop)
 
 
 # ------------------------------------------------------------------------------------------------
