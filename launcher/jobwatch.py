@@ -16,7 +16,7 @@ Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` byt
 
 - ``watch`` {nonce}: the hub's first line on every connection (a fresh random nonce);
 - ``hello`` {job, node, host, nnodes, nonce}: a client's first line; ``job`` is the job's identity
-  (:func:`job_identity`: the platform's job name, the rendezvous endpoint and the node count, which
+  (:func:`launcher.command.job_identity`: the platform's job name, the rendezvous endpoint and the node count, which
   every host knows). The hub answers a hello of this job with its own ``hello``, then every event it
   has relayed so far; a hello of another job gets ``refused`` and the connection is closed (logged
   once; neither job is affected). The newest accepted hello of a node replaces its older connection
@@ -77,7 +77,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Union
 
-from launcher.command import address_of, master_port, watch_ports
+from launcher.command import address_of, job_identity, master_port, watch_ports
 from launcher.groups import training_nodes, watch_place
 
 if TYPE_CHECKING:
@@ -123,11 +123,6 @@ class Event(NamedTuple):
 
 class _Junk(Exception):
     """A line that is not a valid message of this job (its text says why)."""
-
-
-def job_identity(job_name: str, master: str, port: int, nnodes: int) -> str:
-    """The job's identity, from what every host of it knows: 16 hex digits."""
-    return hashlib.sha256(f"{job_name}\n{master}:{port}\n{nnodes}".encode()).hexdigest()[:16]
 
 
 def is_secondary(exception: str, rank: Optional[int]) -> bool:
@@ -958,7 +953,7 @@ def start(node: int, host: str, nnodes: int, master: str, port: Union[int, Seque
     ``training``: the nodes that train, when not all do (the hub sends ``end`` when they are all done).
 
     ``port`` is the watch port, or the candidate ports in order (the hub listens on the first free
-    one, clients look for this job's hub on each); ``job`` the job's identity (:func:`job_identity`),
+    one, clients look for this job's hub on each); ``job`` the job's identity (:func:`launcher.command.job_identity`),
     ``secret`` the shared secret that tags every message (None: none).
     """
     ports = (port,) if isinstance(port, int) else tuple(port)

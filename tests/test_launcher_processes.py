@@ -194,6 +194,7 @@ def test_config_error_starts_nothing(tmp_path):
     assert not list(tmp_path.glob("rank*.json"))
 
 
+@pytest.mark.job
 def test_through_aws_sagemaker_training_toolkit(tmp_path):
     """AWS's real `train` command runs our launcher as the entry point with SDK v2 hyperparameters."""
     base = make_host(tmp_path, "algo-1", ["algo-1"])
@@ -225,6 +226,7 @@ def test_through_aws_sagemaker_training_toolkit(tmp_path):
     assert_gone(job_pids(None, base))
 
 
+@pytest.mark.job
 def test_lone_host_reports_the_rendezvous_it_waited_for(tmp_path):
     hosts = ["algo-1", "algo-2"]
     base = make_host(tmp_path, "algo-2", hosts)  # algo-1 never comes up
