@@ -338,11 +338,11 @@ def loss_cell(times: Sequence[Optional[float]], cap: float) -> str:
 
 
 def survival_cell(results: Sequence[Sequence[bool]], index: int) -> str:
-    """``survived 3/3``; rounds that ended before this length count as not survived."""
+    """``3/3 survived``; rounds that ended before this length count as not survived."""
     if not results:
         return "-"
     won = sum(len(r) > index and r[index] for r in results)
-    return f"{'survived' if won == len(results) else 'ended'} {won}/{len(results)}"
+    return f"{won}/{len(results)} survived"
 
 
 def table(rows: Sequence[dict], cap: float) -> str:

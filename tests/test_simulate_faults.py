@@ -135,6 +135,7 @@ def test_busy_loops_are_pinned_each_to_its_cpu_and_killed_by_pid() -> None:
 
 
 @pytest.mark.job
+@pytest.mark.lab
 @pytest.mark.skipif(NO_CGROUP is not None or netns.unavailable() is not None,
                     reason=f"no CPU quota or namespaces here: {NO_CGROUP or netns.unavailable()}")
 def test_simulate_killed_during_a_starvation_leaves_no_process_and_no_cgroup(tmp_path: Any) -> None:
