@@ -20,10 +20,12 @@ names every module and only modules that exist):
   - ``platforms/sagemaker/``: SageMaker jobs (``resourceconfig.json``, ``SM_*``).
   - ``platforms/sagemaker/argv``: AWS's rendering of hyperparameters, its repair, the SageMaker form.
   - ``platforms/sagemaker/bundle``: what an estimator uploads (``ddp-launcher bundle``).
+  - ``platforms/sagemaker/groups``: heterogeneous clusters: which instance groups train.
   - ``platforms/slurm``, ``platforms/pbs``, ``platforms/kubeflow``, ``platforms/vertex``, ``platforms/oci``,
     ``platforms/env``, ``platforms/local``: one cluster type each.
 
 - ``cluster``: the ``Cluster`` value every platform produces.
+- ``groups``: hosts outside the training world: the script once, without torchrun, supervised.
 - ``command``: platform + options -> the ``Cluster`` (``cluster_for``), then torchrun's exact argv and env.
 - ``preflight``: bounded waits for host names and files the cluster publishes late.
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
@@ -47,7 +49,8 @@ names every module and only modules that exist):
   - ``simulate/hosts/base``: what every builder shares (``HostSpec``, the job environment, the workdir).
   - ``simulate/hosts/kubernetes``: what Kubernetes gives every container (both Kubeflow builders).
   - ``simulate/hosts/sagemaker``, ``simulate/hosts/sagemaker_env``, ``simulate/hosts/sagemaker_files``,
-    ``simulate/hosts/sagemaker_v3``: SageMaker hosts (SDK v2 toolkit and SDK v3).
+    ``simulate/hosts/sagemaker_v3``, ``simulate/hosts/sagemaker_groups``: SageMaker hosts (SDK v2
+    toolkit and SDK v3; ``--instance-groups``).
   - ``simulate/hosts/slurm``, ``simulate/hosts/pbs``, ``simulate/hosts/kubeflow``,
     ``simulate/hosts/kubeflow_v2``, ``simulate/hosts/vertex``, ``simulate/hosts/oci``,
     ``simulate/hosts/env``: one platform's hosts each.

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from launcher import platforms, streams
+from launcher import groups, platforms, streams
 from launcher.cluster import Cluster
 from launcher.command import (
     Launch,
@@ -116,10 +116,14 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
         check_tmpdir(environ)
     token = f"{os.getpid()}-{os.urandom(8).hex()}"
     run_dir = run_dir or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{PROG}-{token}")
-    launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
-                          environ, run_dir, choice.platform.fabric_env(cluster, host))
+    if groups.outside(cluster):  # a host outside the training world: the script once, no torchrun
+        launch = groups.script_launch(cluster, options, invocation.script, invocation.script_args,
+                                      environ, run_dir)
+    else:
+        launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
+                              environ, run_dir, choice.platform.fabric_env(cluster, host))
     launch = launch._replace(env_changes={**launch.env_changes, JOB_MARKER: token})
-    if cluster.nnodes > 1 and not options.no_job_watch:  # the watch's settings are checked before anything starts
+    if groups.watch_place(cluster)[1] > 1 and not options.no_job_watch:  # the watch's settings, checked first
         watch_ports(cluster, options, "0")
         watch_secret(options, environ)
     grace = invocation.options.grace_period or choice.platform.grace_period
@@ -152,7 +156,8 @@ def _watch_line(p: Plan) -> str:
     c = p.cluster
     ports = "/".join(map(str, watch_ports(c, options, job_identity(c.job_name or "", c.master_addr or "",
                                                                   master_port(c, options), c.nnodes))))
-    where = f"listens on port {ports}" if c.node_rank == 0 else f"connects to {c.master_addr}:{ports}"
+    node, _nnodes, hub = groups.watch_place(c)
+    where = f"listens on port {ports}" if node == 0 else f"connects to {hub}:{ports}"
     return (f"this host {where} (the first free); a host that fails, or is silent for {options.loss_timeout:g} s, "
             "stops every host")
 
@@ -168,16 +173,20 @@ def describe(p: Plan, as_json: bool) -> str:
                            "grace_period": p.grace_period, "notes": list(p.notes)}, indent=2)
     port = master_port(c, p.invocation.options)
     master = f"{c.master_addr}:{port}" if c.nnodes > 1 else "(standalone)"
+    watched = c.nnodes > 1 or (c.role is not None and len(c.role.job_hosts) > 1)
     lines = [f"platform:  {c.platform}: {p.choice.why}",
              *_block("matched", [f"{name}: {'; '.join(ev)}" for name, ev in p.choice.matches]),
              *_block("evidence", list(c.evidence)),
+             f"cluster:   host {c.current_host}, outside the training world of {c.nnodes} node(s), master {master}"
+             if groups.outside(c) else
              f"cluster:   host {c.current_host}, node {c.node_rank} of {c.nnodes}, master {master}, "
              f"{c.nproc_per_node} process(es) per node, world size {c.nnodes * c.nproc_per_node}",
+             *groups.describe_lines(c),
              f"command:   {shlex.join(p.launch.argv)}",
              *_block("env", [f"{k}={v}" for k, v in p.launch.env_changes.items()]),
              *_block("removed", [f"{k} (inherited; torchrun would read it)" for k in p.launch.env_removed]),
              f"stop:      grace period {p.grace_period:g} s after SIGTERM/SIGINT/SIGHUP",
-             *_block("watch", [_watch_line(p)] if c.nnodes > 1 else []),
+             *_block("watch", [_watch_line(p)] if watched else []),
              *[f"note:      {n}" for n in p.notes]]
     return "\n".join(printable(line) for line in lines)
 
@@ -212,27 +221,36 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         except ConfigError as exc:
             streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
             return 2
-    log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
-        f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
+    outside = groups.outside(c)
+    if outside:
+        log(f"{c.platform} host {c.current_host}: group {c.role.group}, outside the training world "  # type: ignore[union-attr]
+            f"(master {c.master_addr}): running the script once; {shlex.join(p.launch.argv)}")
+    else:
+        log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
+            f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
     watchdog = proctree.Watchdog(log)  # forked before any pipe exists: it holds none of them
     watch = None
     try:
         watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
         watchdog.remove_dir(p.launch.run_dir)
         options = p.invocation.options
-        if c.nnodes > 1 and not options.no_job_watch:
+        if groups.watch_place(c)[1] > 1 and not options.no_job_watch:
             from launcher import jobwatch  # several nodes only
 
             watch = jobwatch.for_cluster(c, options, log, watch_secret(options, environ))
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
-        rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 else None
+        rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 and not outside else None
         outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch,
-                            rendezvous_timeout)
-        cause = failure.find_root_cause(outcome, p.launch)
+                            rendezvous_timeout, direct=outside)
+        cause = None if outside else failure.find_root_cause(outcome, p.launch)
         code = failure.exit_code(outcome, cause)
         limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
         report = ""
-        if code != 0:
+        if outside:
+            code = groups.exit_code(outcome, watch is not None and watch.training_ended,
+                                    watch is not None and watch.stopped_job)
+            report = groups.report(c, outcome, code, limit) if code != 0 else ""
+        elif code != 0:
             rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "
                           f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
             if outcome.no_rendezvous:
@@ -248,7 +266,10 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         if watch is not None:  # the job's root cause first, its exit code, wherever it happened
             from launcher.jobwatch import conclude
 
-            code, report = conclude(watch, c.current_host, outcome, cause, code, report)
+            if outside and not (watch.stopped_job and outcome.stop_signal is not None):
+                code, report = watch.finish(code, report, True)  # the script's own end: no torchrun table
+            else:
+                code, report = conclude(watch, c.current_host, outcome, cause, code, report)
         if code != 0:
             notes = []
             path = p.choice.platform.report_path(environ)
@@ -257,6 +278,8 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
                 if problem:
                     notes.append(f"[{PROG}] could not write the failure report to {path}: {problem}")
             failure.print_report(report, notes)
+        elif outside and watch is not None and watch.training_ended:
+            log("the training world has ended and this host's script with it")
         elif outcome.stop_signal is not None:
             log("stopped by a signal; every worker finished cleanly")
         return code

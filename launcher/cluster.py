@@ -12,6 +12,21 @@ _HOST_NAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*\.?$")
 _IPV6 = re.compile(r"^\[?[0-9A-Fa-f:.]+\]?$")
 
 
+class Role(NamedTuple):
+    """This host's place in a job where only some hosts train (SageMaker's heterogeneous clusters).
+
+    The :class:`Cluster` around it is the training world; ``job_hosts`` is every host of the job, the
+    job watch's node order (node 0 holds the hub). A host that does not train runs the script once,
+    without torchrun, with ``env`` added where the environment does not set it already.
+    """
+
+    job_hosts: tuple[str, ...]
+    trains: bool
+    group: str
+    why: str  # which groups train, and why (the dry run shows it)
+    env: tuple[tuple[str, str], ...] = ()
+
+
 class Cluster(NamedTuple):
     """What one host knows about the job's cluster.
 
@@ -33,12 +48,16 @@ class Cluster(NamedTuple):
     instance_type: Optional[str] = None
     job_name: Optional[str] = None
     evidence: tuple[str, ...] = ()
+    role: Optional[Role] = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (used by ``--dry-run --json``)."""
         data = self._asdict()
         data["hosts"] = list(self.hosts)
         data["evidence"] = list(self.evidence)
+        if self.role is not None:
+            data["role"] = {**self.role._asdict(), "job_hosts": list(self.role.job_hosts),
+                            "env": dict(self.role.env)}
         return data
 
 

@@ -51,11 +51,13 @@ class Launch(NamedTuple):
 def cluster_for(platform: Platform, environ: Mapping[str, str], host: HostView, options: Options) -> Cluster:
     """The cluster this launch uses: the platform's reading, then the options that override it.
 
-    The one place where options and platform facts meet: ``--nproc-per-node`` replaces the
-    platform's process count (the evidence keeps what the platform said). Every host name the
-    platform read must be a host name or an IP address (:func:`launcher.cluster.is_host_name`).
+    The one place where options and platform facts meet: ``--instance-groups`` tells the platform
+    which groups train; ``--nproc-per-node`` replaces the platform's process count (the evidence keeps
+    what the platform said). Every host name the platform read must be a host name or an IP address
+    (:func:`launcher.cluster.is_host_name`).
     """
-    cluster = platform.resolve(environ, host)
+    groups = options.instance_groups
+    cluster = platform.resolve(environ, host) if groups is None else platform.resolve_groups(environ, host, groups)
     bad = bad_host(cluster)
     if bad is not None:  # a platform's own check names its variable; this one holds for every platform
         role, name = bad

@@ -26,7 +26,9 @@ Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` byt
   lines of its failure report, ``primary`` False when its failure looks caused by another host (a
   collective whose peer went away, a broken rendezvous);
 - ``done`` {node, host}: that host's workers all succeeded (it may leave);
-- ``lost`` {node, host, why}: the hub lost that host (also sent to the lost host, best effort).
+- ``lost`` {node, host, why}: the hub lost that host (also sent to the lost host, best effort);
+- ``end``: in a job where only some hosts train (:mod:`launcher.groups`), every training host is
+  done: the others stop their script with SIGTERM and their configured grace period, which is no failure.
 
 Authentication (optional): with a shared secret (``LAUNCHER_JOB_SECRET``, or ``--job-secret-file``),
 every line after ``watch`` is ``<hex HMAC-SHA256> <json>``, the tag over the job's identity, both
@@ -76,6 +78,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Union
 
 from launcher.command import address_of, job_identity, master_port, watch_ports
+from launcher.groups import training_nodes, watch_place
 
 if TYPE_CHECKING:
     from launcher.cluster import Cluster
@@ -186,6 +189,8 @@ class Watch:
         self.off = ""  # why this host runs without the watch (a client that never found its hub)
         self._request: Optional[StopRequest] = None
         self._sent = 0.0
+        self.training: Optional[frozenset[int]] = None  # the nodes that train, when not all do
+        self.training_ended = False  # this host was told the training world has ended (``end``)
         self._said: set[str] = set()
         self._wake_r, self._wake_w = socket.socketpair()  # the main thread wakes the loop with a byte
         self._wake_r.setblocking(False)
@@ -206,6 +211,20 @@ class Watch:
             pending = bool(self.events) and request is not None
         if pending:
             self._stop()
+        if request is not None and self.training_ended:
+            request(float("inf"), "job watch: the training world has ended: SIGTERM to the script")
+
+    def _training_over(self) -> None:
+        """Every training host is done: stop this host's script (SIGTERM, the configured grace period)."""
+        with self.cond:
+            if self.training_ended:
+                return
+            self.training_ended = True
+            request = self._request
+        if request is None:
+            self.log("job watch: every training host is done: this host's script will be stopped (SIGTERM)")
+        else:
+            request(float("inf"), "job watch: the training world has ended: SIGTERM to the script")
 
     def cause(self) -> Optional[Event]:
         """The job's root cause seen so far: the first primary failure, else the first event."""
@@ -520,6 +539,7 @@ class Hub(Watch):
         self.nodes: dict[int, _Node] = {}
         self.own: Optional[dict] = None  # this host's end, to tell the clients (and late joiners)
         self.told = False
+        self.end_sent = False  # ``end`` was broadcast: every training node is done
         self.max_pending = MAX_PENDING + self.nnodes
 
     @property
@@ -606,6 +626,8 @@ class Hub(Watch):
             own = self.own if self.told else None
         if own is not None:
             self._send(conn, own)
+        if self.end_sent and node not in (self.training or ()):
+            self._send(conn, {"t": "end"})
 
     def _on_message(self, conn: _Conn, message: dict) -> None:
         if conn.node is None:
@@ -681,6 +703,19 @@ class Hub(Watch):
             self.told = self.told or send
         if send and own is not None:
             self._broadcast(own)
+        if self.training is not None and not self.end_sent and self._trainers_done(own):
+            self.end_sent = True
+            for node, known in list(self.nodes.items()):
+                if node not in self.training and known.conn is not None:
+                    self._send(known.conn, {"t": "end"})
+            if self.node not in self.training:
+                self._training_over()
+
+    def _trainers_done(self, own: Optional[dict]) -> bool:
+        """Every training node said ``done`` (this one too, when it trains)."""
+        states = self.states
+        return all((n == self.node and own is not None and own.get("t") == "done") or states.get(n) == "done"
+                   for n in self.training or ())
 
 
 class Client(Watch):
@@ -802,6 +837,8 @@ class Client(Watch):
                 self._record(event)
         elif kind == "done":
             self.ended = True
+        elif kind == "end" and self.node not in (self.training or ()):
+            self._training_over()
         elif kind == "replaced":  # a newer connection of this node took over (or someone claims to be it)
             self._drop(conn)
             self.next_try = 0.0
@@ -910,8 +947,10 @@ class Off(Watch):
 
 def start(node: int, host: str, nnodes: int, master: str, port: Union[int, Sequence[int]], timeout: float,
           connect_for: float, log: Callable[[str], None], job: str = "",
-          secret: Optional[bytes] = None) -> Watch:
+          secret: Optional[bytes] = None, training: Optional[frozenset[int]] = None) -> Watch:
     """Start this host's watch (hub on node 0, else client); :class:`Off` if the hub cannot listen (logged).
+
+    ``training``: the nodes that train, when not all do (the hub sends ``end`` when they are all done).
 
     ``port`` is the watch port, or the candidate ports in order (the hub listens on the first free
     one, clients look for this job's hub on each); ``job`` the job's identity (:func:`launcher.command.job_identity`),
@@ -940,6 +979,7 @@ def start(node: int, host: str, nnodes: int, master: str, port: Union[int, Seque
     else:
         watch = Client(master, ports, time.monotonic() + connect_for, node, host, nnodes, timeout, log,
                        job=job, secret=secret)
+    watch.training = training
     watch.thread.start()
     return watch
 
@@ -953,12 +993,15 @@ def _listen(port: int, backlog: int) -> socket.socket:
 
 def for_cluster(cluster: Cluster, options: Options, log: Callable[[str], None],
                 secret: Optional[bytes] = None) -> Watch:
-    """The watch of this host's launcher (several nodes); :class:`Off` if the hub cannot listen (logged)."""
+    """The watch of this host's launcher (several nodes); :class:`Off` if the hub cannot listen (logged).
+
+    Where only some hosts train, every host of the job is a node (:func:`launcher.groups.watch_place`)."""
     job = job_identity(cluster.job_name or "", cluster.master_addr or "", master_port(cluster, options),
                        cluster.nnodes)
-    return start(cluster.node_rank, cluster.current_host, cluster.nnodes,
-                 address_of(cluster.master_addr or "", options.resolve), watch_ports(cluster, options, job),
-                 options.loss_timeout, float(options.rdzv_timeout), log, job=job, secret=secret)
+    node, nnodes, hub = watch_place(cluster)
+    return start(node, cluster.current_host, nnodes, address_of(hub, options.resolve),
+                 watch_ports(cluster, options, job), options.loss_timeout, float(options.rdzv_timeout), log,
+                 job=job, secret=secret, training=training_nodes(cluster))
 
 
 def conclude(watch: Watch, host: str, outcome: Outcome, cause: Optional[RootCause], code: int,

@@ -85,6 +85,30 @@ def parse_resolve(text: str) -> dict[str, str]:
     return mapping
 
 
+def parse_names(text: str) -> tuple[str, ...]:
+    """Names as a list: ``a,b``, or a JSON or Python list (or tuple) of text (AWS renders a list
+    hyperparameter with Python's ``str()``: ``['a', 'b']``). Raises ValueError when empty, not text, or repeated."""
+    text = text.strip()
+    if text.startswith(("[", "(")):
+        import ast
+        import json
+
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            try:
+                value = ast.literal_eval(text)  # Python's str() of a list or a tuple
+            except (ValueError, SyntaxError, RecursionError, MemoryError):
+                raise ValueError(text) from None
+    else:
+        value = [part.strip() for part in text.split(",")]
+    value = list(value) if isinstance(value, tuple) else value
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value) \
+            or len(set(value)) != len(value):
+        raise ValueError(text)
+    return tuple(v.strip() for v in value)
+
+
 class Spec(NamedTuple):
     """One launcher option: its name, how its text becomes a value, and what it means."""
 
@@ -126,6 +150,10 @@ SPECS: tuple[Spec, ...] = (
     Spec("master_port", _whole_number(1, 65535), None, "a port 1-65535",
          "port of the rendezvous on the first host; default the platform's (see the platforms), else 29500",
          metavar="PORT"),
+    Spec("instance_groups", parse_names, None, "group names: a,b or a list",
+         "the groups of hosts that train, in a job whose hosts form groups (see the platforms); the "
+         "others run the script once, without torchrun; default the platform's choice, else every group",
+         metavar="NAME,..."),
     Spec("rdzv_timeout", _whole_number(1, MAX_SECONDS), 900, f"whole seconds 1-{MAX_SECONDS}",
          "how long hosts wait for each other at the start", metavar="SECONDS"),
     Spec("max_restarts", _whole_number(0, MAX_RESTARTS), 0, f"a whole number 0-{MAX_RESTARTS}",
@@ -162,6 +190,7 @@ class Options(NamedTuple):
     platform: Optional[str]
     nproc_per_node: Optional[int]
     master_port: Optional[int]
+    instance_groups: Optional[tuple]
     rdzv_timeout: int
     max_restarts: int
     grace_period: Optional[float]

@@ -16,6 +16,8 @@
   zombies are collected while the job runs.
 - The job watch (:mod:`launcher.jobwatch`) may ask for a stop when another host failed: the same
   path as SIGTERM, with a shorter grace period.
+- ``direct``: the launch is the script itself, not torchrun (a host outside the training world,
+  :mod:`launcher.groups`): the signals go to it, and it is its own worker.
 - The worker logs torchrun's ``--tee`` keeps under ``$TMPDIR`` stay small on disk while it runs
   (:class:`~launcher.logspace.LogTrimmer`).
 - A :class:`~launcher.proctree.Watchdog` kills the tree (and everything with the job's marker) if
@@ -114,7 +116,8 @@ class _StopSignals:
     workers it had then are remembered in ``workers``. Never raises: logging cannot fail.
     """
 
-    def __init__(self, grace_period: float, log: Callable[[str], None], freeze: bool) -> None:
+    def __init__(self, grace_period: float, log: Callable[[str], None], freeze: bool, direct: bool = False) -> None:
+        self.direct = direct  # the process is the script itself: it gets the signals
         self.grace_period = grace_period
         self.log = log
         self.freeze = freeze
@@ -137,7 +140,7 @@ class _StopSignals:
             if self.proc is not None and self.proc.poll() is not None:
                 return  # torchrun has ended: nothing to stop, and its outcome is its own
             deadline = time.monotonic() + min(grace_period, self.grace_period)
-            if self.proc is not None and not proctree.children_of(self.proc.pid):
+            if self.proc is not None and not self.direct and not proctree.children_of(self.proc.pid):
                 deadline = time.monotonic()  # no worker left: only torchrun's own shutdown would be waited for
             self.requested = True
             if self.signal is None:
@@ -152,7 +155,7 @@ class _StopSignals:
         """Signal handler for :data:`FORWARD_ONLY`: pass the signal to the workers; no stop, no deadline."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        workers = proctree.children_of(self.proc.pid)
+        workers = [self.proc.pid] if self.direct else proctree.children_of(self.proc.pid)
         for pid in workers:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
@@ -168,7 +171,8 @@ class _StopSignals:
             return
         if self.freeze and self.workers is None:
             self.workers = _freeze(self.proc.pid)
-        targets = proctree.children_of(self.proc.pid) or ([] if self.freeze else [self.proc.pid])
+        targets = [self.proc.pid] if self.direct else (
+            proctree.children_of(self.proc.pid) or ([] if self.freeze else [self.proc.pid]))
         for pid in targets:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
@@ -194,7 +198,7 @@ def _workers_ended(workers: Sequence[int]) -> Optional[bool]:
 
 def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, log: Callable[[str], None],
               watchdog: proctree.Watchdog, max_restarts: int = 0, watch: Optional[JobWatch] = None,
-              rendezvous_timeout: Optional[float] = None) -> Outcome:
+              rendezvous_timeout: Optional[float] = None, direct: bool = False) -> Outcome:
     """Run the launch to its end and return how it ended. Blocks; installs signal handlers.
 
     ``watchdog`` (forked before this is called) is told to guard torchrun's tree. ``watch`` (the job
@@ -204,7 +208,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
     """
     os.makedirs(launch.log_dir, exist_ok=True)
     proctree.become_subreaper()
-    stop = _StopSignals(grace_period, log, freeze=max_restarts > 0)
+    stop = _StopSignals(grace_period, log, freeze=max_restarts > 0 and not direct, direct=direct)
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     previous.update({sig: signal.signal(sig, signal.SIG_IGN) for sig in FORWARD_ONLY})  # inherited by torchrun
     if watch is not None:
@@ -221,7 +225,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
             signal.signal(sig, stop.relay)
         watchdog.guard(proc.pid)
         trimmer = LogTrimmer(proc.pid, launch.log_dir, log, lambda: stop.signal is not None)  # bounded disk use
-        log(f"torchrun started as pid {proc.pid}")
+        log(f"{'the script' if direct else 'torchrun'} started as pid {proc.pid}")
         if stop.signal is not None:  # arrived while starting
             stop(stop.signal)
         pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, None), daemon=True),
@@ -273,7 +277,7 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
                 proctree.kill_tree([proc.pid])
                 killed = no_rendezvous = True
                 continue
-        if stop.requested and not proctree.children_of(proc.pid):
+        if stop.requested and not stop.direct and not proctree.children_of(proc.pid):
             log("the workers have ended: killing torchrun (its own shutdown would only delay the end)")
             proctree.kill_tree([proc.pid])
             killed = True

@@ -262,6 +262,8 @@ class Submitted:
     request: dict[str, Any]  # the CreateTrainingJob request as sent
     description: dict[str, Any]  # DescribeTrainingJob from the endpoint
     source_tar: bytes  # sourcedir.tar.gz as stored in S3
+    hetero: dict[str, Any]  # the heterogeneous job's CreateTrainingJob request
+    hetero_tar: bytes  # and its sourcedir.tar.gz
 
 
 def _metric_definitions() -> list[dict[str, str]]:
@@ -281,18 +283,24 @@ def submitted(endpoint, tmp_path_factory) -> Submitted:
     nb = execute(SAGEMAKER_NOTEBOOK, {
         "role_arn": ROLE, "bucket": BUCKET, "region": REGION, "instance_type": INSTANCE_TYPE,
         "instance_count": 2, "epochs": EPOCHS, "extra_hyperparameters": TINY, "wait": True,
-        "endpoint_url": endpoint.url}, env, keep)
+        "hetero_data_instance_type": INSTANCE_TYPE, "endpoint_url": endpoint.url}, env, keep)
     seconds = time.monotonic() - start
-    creates = [r for r in endpoint.requests()
+    creates = [json.loads(r["body"]) for r in endpoint.requests()
                if r["headers"].get("x-amz-target") == "SageMaker.CreateTrainingJob"]
-    assert len(creates) == 1, f"expected one CreateTrainingJob, the endpoint saw {len(creates)}"
-    request = json.loads(creates[0]["body"])
+    names = [c["TrainingJobName"] for c in creates]
+    assert [n.split("-2")[0] for n in names] == ["ddp-resnet", "ddp-hetero"], names  # the main job, then the other
+    request, hetero = creates
     sm = endpoint.client("sagemaker")
     description = sm.describe_training_job(TrainingJobName=request["TrainingJobName"])
+    return Submitted(nb, seconds, request, description, _source_tar(endpoint, description), hetero,
+                     _source_tar(endpoint, sm.describe_training_job(TrainingJobName=hetero["TrainingJobName"])))
+
+
+def _source_tar(endpoint, description: dict[str, Any]) -> bytes:  # noqa: F811
+    """The job's uploaded sourcedir.tar.gz, from the endpoint's S3."""
     submit = json.loads(description["HyperParameters"]["sagemaker_submit_directory"])
     bucket, _, key = submit[len("s3://"):].partition("/")
-    source_tar = endpoint.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
-    return Submitted(nb, seconds, request, description, source_tar)
+    return endpoint.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
 @pytest.mark.notebook
@@ -447,6 +455,51 @@ def test_what_was_submitted_trains_under_aws_toolkit(submitted, endpoint, tmp_pa
         assert all(float(v) >= 0 for v in values)
     history = json.loads((workdir / "algo-1" / "output" / "data" / "metrics.json").read_text())
     assert [r["epoch"] for r in history] == list(range(1, EPOCHS + 1))
+    assert endpoint.trap.hits == []
+
+
+@pytest.mark.job
+@pytest.mark.lab
+@pytest.mark.notebook
+def test_the_heterogeneous_job_as_submitted_runs_on_simulated_hosts(submitted, endpoint, tmp_path):
+    """The notebook's heterogeneous job: 2 train + 1 data instances, the launcher's hyperparameter; its
+    recorded request replayed on three simulated hosts through AWS's real toolkit."""
+    req = submitted.hetero
+    groups = req["ResourceConfig"]["InstanceGroups"]
+    assert [(g["InstanceGroupName"], g["InstanceType"], g["InstanceCount"]) for g in groups] == \
+        [("train", INSTANCE_TYPE, 2), ("data", INSTANCE_TYPE, 1)]
+    assert "InstanceCount" not in req["ResourceConfig"]
+    hps = req["HyperParameters"]
+    assert json.loads(hps["launcher-instance-groups"]) == ["train"] and hps["train-script"] == '"group_entry.py"'
+    assert not [k for k in hps if "distribution" in k or k.endswith("_enabled")]  # no distribution=
+    code = tmp_path / "code"
+    with tarfile.open(fileobj=io.BytesIO(submitted.hetero_tar), mode="r:gz") as tar:
+        tar.extractall(code, filter="data")
+    assert (code / "group_entry.py").exists() and (code / "train_resnet.py").exists()
+    shutil.copytree(os.path.join(REPO, "launcher", "simulate"), code / "launcher" / "simulate",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    s3 = endpoint.client("s3")
+    data = {c["ChannelName"]: _download_prefix(s3, c["DataSource"]["S3DataSource"]["S3Uri"],
+                                               str(tmp_path / "data" / c["ChannelName"]))
+            for c in req["InputDataConfig"]}
+    recorded = aws_argv.user_hyperparameters(aws_argv.decode(hps))
+    spec = ",".join(f"{g['InstanceGroupName']}={g['InstanceType']}:{g['InstanceCount']}" for g in groups)
+    workdir = tmp_path / "job"
+    command = [PYTHON, "-m", "launcher", "simulate", "--instance-groups", spec, "--nproc-per-node", "1",
+               "--workdir", str(workdir), "--toolkit", "--hyperparameters", json.dumps(recorded),
+               *[a for name, path in data.items() for a in ("--channel", f"{name}={path}")]]
+    env = {**endpoint.env(), "PYTHONPATH": str(code)}
+    proc = subprocess.run(command, cwd=code, env=env, capture_output=True, text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert [h["exit_code"] for h in summary["hosts"]] == [0, 0, 0]
+    assert_gone([h["pid"] for h in summary["hosts"]])
+    assert "[algo-1] [ddp-launcher] sagemaker host algo-1: node 0 of 2" in log
+    assert "[algo-3] [ddp-launcher] sagemaker host algo-3: group data, outside the training world" in log
+    assert "[algo-3] group data on algo-3: serving the training world of algo-1 until it ends" in log
+    assert "[algo-3] [ddp-launcher] the training world has ended and this host's script with it" in log
+    assert (workdir / "algo-1" / "model" / "model.pt").stat().st_size > 1000
     assert endpoint.trap.hits == []
 
 

@@ -84,6 +84,8 @@ class Recorded:
     request: dict[str, Any]
     description: dict[str, Any]
     channels: dict[str, str]  # channel name -> local copy of what was uploaded
+    hetero: dict[str, Any]  # the heterogeneous job's CreateTrainingJob request
+    hetero_channels: dict[str, str]
 
 
 def _creates(endpoint) -> list[dict[str, Any]]:  # noqa: F811
@@ -114,7 +116,7 @@ def recorded(endpoint, tmp_path_factory) -> Recorded:  # noqa: F811
     nb = nbformat.read(NOTEBOOK, as_version=4)
     inject_parameters(nb, {"role_arn": ROLE, "bucket": BUCKET, "region": REGION, "instance_type": INSTANCE_TYPE,
                            "instance_count": 2, "epochs": 1, "extra_hyperparameters": TINY, "wait": True,
-                           "logs": False, "endpoint_url": endpoint.url})
+                           "logs": False, "hetero_data_instance_type": INSTANCE_TYPE, "endpoint_url": endpoint.url})
     client = NotebookClient(nb, timeout=900, km=_kernel(scratch), resources={"metadata": {"path": NOTEBOOKS}})
     start = time.monotonic()
     try:
@@ -123,10 +125,12 @@ def recorded(endpoint, tmp_path_factory) -> Recorded:  # noqa: F811
         nbformat.write(nb, os.path.join(scratch, "sagemaker_v3_modeltrainer.ipynb"))
     seconds = time.monotonic() - start
     creates = _creates(endpoint)[before:]
-    assert len(creates) == 1, f"expected one CreateTrainingJob, the endpoint saw {len(creates)}"
-    request = creates[0]
+    names = [c["TrainingJobName"] for c in creates]
+    assert [n.split("-2")[0] for n in names] == ["ddp-resnet-v3", "ddp-hetero-v3"], names  # main job, then hetero
+    request, hetero = creates
     description = endpoint.client("sagemaker").describe_training_job(TrainingJobName=request["TrainingJobName"])
-    return Recorded(nb, seconds, request, description, _download(endpoint, request, os.path.join(scratch, "s3")))
+    return Recorded(nb, seconds, request, description, _download(endpoint, request, os.path.join(scratch, "s3")),
+                    hetero, _download(endpoint, hetero, os.path.join(scratch, "s3-hetero")))
 
 
 @pytest.mark.notebook
@@ -221,6 +225,42 @@ def test_what_was_submitted_trains_through_the_sdks_drivers(recorded, endpoint, 
     with open(os.path.join(workdir, "algo-2", "input", "sm_training.env")) as fh:
         assert "export SM_CURRENT_HOST_RANK='1'" in fh.read()
     assert not os.path.exists("/opt/ml")  # the machine's /opt was never touched
+    assert endpoint.trap.hits == []
+
+
+@pytest.mark.job
+@pytest.mark.lab
+@pytest.mark.notebook
+def test_the_heterogeneous_job_runs_through_the_sdks_drivers(recorded, endpoint, tmp_path):  # noqa: F811
+    """``Compute(instance_groups=...)``: 2 train + 1 data instances; the recorded request replayed with the
+    SDK's own drivers on three simulated hosts."""
+    req, channels = recorded.hetero, recorded.hetero_channels
+    groups = req["ResourceConfig"]["InstanceGroups"]
+    assert [(g["InstanceGroupName"], g["InstanceType"], g["InstanceCount"]) for g in groups] == \
+        [("train", INSTANCE_TYPE, 2), ("data", INSTANCE_TYPE, 1)]
+    hps = req["HyperParameters"]
+    assert json.loads(hps["launcher-instance-groups"]) == ["train"] and hps["train-script"] == "group_entry.py"
+    assert sorted(os.listdir(channels["code"])) == sorted(["launch.py", "launcher", "train_resnet.py",
+                                                           "ddp_utils.py", "group_entry.py"])
+    workdir = str(tmp_path / "job")
+    spec = ",".join(f"{g['InstanceGroupName']}={g['InstanceType']}:{g['InstanceCount']}" for g in groups)
+    data = [a for name, path in channels.items() if name not in ("code", "sm_drivers")
+            for a in ("--channel", f"{name}={path}")]
+    command = [PYTHON, "-m", "launcher", "simulate", "--sdk", "v3", "--instance-groups", spec,
+               "--nproc-per-node", "1", "--workdir", workdir, "--sm-drivers", channels["sm_drivers"],
+               "--code", channels["code"], "--hyperparameters", json.dumps(hps), *data]
+    proc = subprocess.run(command, cwd=REPO, env={**endpoint.env(), "PYTHONPATH": REPO}, capture_output=True,
+                          text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    summary = read_json(os.path.join(workdir, "summary.json"))
+    assert [h["exit_code"] for h in summary["hosts"]] == [0, 0, 0]
+    assert_gone([h["pid"] for h in summary["hosts"]])
+    assert "[algo-1] [ddp-launcher] sagemaker host algo-1: node 0 of 2" in log
+    assert "[algo-3] [ddp-launcher] sagemaker host algo-3: group data, outside the training world" in log
+    assert "[algo-3] group data on algo-3: serving the training world of algo-1 until it ends" in log
+    assert "[algo-3] [ddp-launcher] the training world has ended and this host's script with it" in log
+    assert os.path.getsize(os.path.join(workdir, "algo-1", "model", "model.pt")) > 1000
     assert endpoint.trap.hits == []
 
 

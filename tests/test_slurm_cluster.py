@@ -1,7 +1,8 @@
 """The launcher on a real 2-node SLURM cluster (launcher/simulate/slurm_lab.py): sbatch, srun, scancel, scontrol.
 
 One lab per module (about 2 s to bring up). Every job's step is ``srun --ntasks-per-node=1 python -m
-launcher ...`` with 2 processes per node. Needs root; skipped with the reason elsewhere.
+launcher ...`` (2 processes per node; 1 where two jobs share the nodes: each node has 4 CPUs, a job takes 1
+per node, so SLURM runs two at once without oversubscribing). Needs root; skipped with the reason elsewhere.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ import pytest
 from conftest import PYTHON, REPO, TRAIN_SCRIPTS, assert_gone, launcher_env
 from test_slurm import random_nodelist
 
+from launcher.cluster import Cluster
+from launcher.command import job_identity, watch_ports
+from launcher.options import parse_invocation
 from launcher.platforms import hostlist
 from launcher.simulate.slurm_lab import SlurmLab, missing_requirement
 
 pytestmark = pytest.mark.skipif(missing_requirement() is not None, reason=missing_requirement() or "")
 WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
+PAIRED = os.path.join(REPO, "tests", "scripts", "paired_worker.py")
 DIGITS = os.path.join(TRAIN_SCRIPTS, "train_digits.py")
 KILL_WAIT = 30.0
 SLOW = 300.0  # a torch job: on a loaded 2-core machine, importing torch alone took 20 s
@@ -162,3 +167,46 @@ def test_wrong_use_is_one_line_and_exit_2(lab: SlurmLab, srun, expected, tmp_pat
     errors = [line for line in out.splitlines() if line.startswith("ddp-launcher: error:")]
     assert errors and all(re.search(expected, line) for line in errors), out
     assert not os.listdir(tmp_path), "a worker started"
+
+
+def own_watch_ports(job: int) -> tuple[int, ...]:
+    """The job watch's candidate ports of the first step of 2-node job ``job`` (the launcher's own rule)."""
+    cluster = Cluster("slurm", 2, 0, 1, "node1", "node1", 20000 + job % 10000, job_name=f"slurm-{job}.0")
+    identity = job_identity(cluster.job_name, "node1", cluster.master_port, 2)
+    return watch_ports(cluster, parse_invocation(["t.py"], {}).options, identity)
+
+
+@pytest.mark.job
+@pytest.mark.lab
+def test_two_jobs_whose_ids_differ_by_1_share_both_nodes_and_both_succeed(lab: SlurmLab, tmp_path) -> None:
+    # Their rendezvous ports differ by 1 (20000 + id % 10000); each job's watch must find its own hub on node1.
+    # The workers wait for each other's ranks after their process group is up (tests/scripts/paired_worker.py),
+    # so both jobs' rendezvous, process groups and watches are alive at the same time.
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    script = step(f"--nproc-per-node 1 {PAIRED} --meet {meet} --job $SLURM_JOB_ID --expect 4")
+    first = lab.sbatch(script, "-N2", env=job_env(lab))
+    second = lab.sbatch(script, "-N2", env=job_env(lab))
+    assert second == first + 1
+    deadline = time.monotonic() + SLOW
+    while len(list(meet.glob("*.json"))) < 4:  # every rank of both jobs is in: the jobs share both nodes now
+        states = [lab.job(job)["JobState"] for job in (first, second)]
+        assert time.monotonic() < deadline and set(states) <= {"PENDING", "CONFIGURING", "RUNNING"}, (
+            states, lab.output(first), lab.output(second))
+        time.sleep(0.2)
+    running = job_pids(lab)
+    for job in (first, second):
+        fields = lab.wait_job(job, timeout=SLOW)
+        out = lab.output(job)
+        assert (fields["JobState"], fields["ExitCode"], fields["NodeList"]) == ("COMPLETED", "0:0", "node[1-2]"), out
+        assert f"--master-addr node1 --master-port {20000 + job % 10000}" in out
+        connected = re.findall(r"job watch: connected to the hub on node1 \(node1:(\d+)\)$", out, re.M)
+        hub = re.findall(r"job watch: hub on port (\d+)$", out, re.M)
+        assert len(connected) == 1 and connected == hub and int(hub[0]) in own_watch_ports(job), out  # its own hub
+        assert not re.search(r"refused|lost|job watch off", out), out
+    records = [json.loads(path.read_text()) for path in sorted(meet.glob("*.json"))]
+    assert sorted((r["job"], r["rank"], r["sum"]) for r in records) == [
+        (str(first), 0, 3), (str(first), 1, 3), (str(second), 0, 3), (str(second), 1, 3)]
+    assert max(r["met_at"] for r in records) < min(r["left_at"] for r in records), records  # they overlapped
+    assert_gone(running, within=KILL_WAIT)
+    assert not job_pids(lab), "processes left on a node after both jobs ended"

@@ -88,6 +88,11 @@ class Platform:
         each value. Raises :class:`ConfigError` on bad input."""
         raise NotImplementedError
 
+    def resolve_groups(self, environ: Mapping[str, str], host: HostView, groups: Sequence[str]) -> Cluster:
+        """:meth:`resolve` where ``--instance-groups`` names the groups of hosts that train; the other
+        hosts run the script once (:class:`~launcher.cluster.Role`). A platform without groups refuses it."""
+        raise ConfigError(f"--instance-groups {shown(','.join(groups))}: {self.name} jobs have no instance groups")
+
     def report_path(self, environ: Mapping[str, str]) -> Optional[str]:
         """Where the platform looks for a failure report (None: stderr only)."""
         return None

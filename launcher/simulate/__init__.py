@@ -2,7 +2,8 @@
 
 Usage::
 
-    ddp-launcher simulate --hosts N [--platform P] [--nproc-per-node K] [--workdir DIR]
+    ddp-launcher simulate --hosts N | --instance-groups NAME=TYPE:COUNT,... [--platform P]
+        [--nproc-per-node K] [--workdir DIR]
         [--job-name NAME] [--fault HOST:KIND:AFTER[:SECONDS] ...] [--grace-period S]
         [--network netns|loopback] [--platform-stop on|off] [--deadline S]
         [SageMaker: --instance-type ml.m5.xlarge --channel NAME=DIR ... --hyperparameters JSON --toolkit]
@@ -78,8 +79,15 @@ Each host ``algo-i`` gets what a SageMaker host gets, written in AWS's formats:
   ``resourceconfig.json``, ``hyperparameters.json`` (JSON-encoded values and the ``sagemaker_*``
   entries, as SDK v2 writes them), ``inputdataconfig.json`` and ``checkpointconfig.json``;
   ``input/data/<channel>``; ``code/``; ``model/``; ``output/data/``; ``checkpoints/``.
-- The source bundle (:func:`launcher.platforms.sagemaker.bundle.stage_bundle`) is packed once into
-  ``DIR/sourcedir.tar.gz``, the file the SDK uploads; ``sagemaker_submit_directory`` names it. Without
+- ``--instance-groups train=ml.g5.xlarge:2,data=ml.c5.xlarge:1`` (at most 5 groups) makes it a
+  heterogeneous job: hosts ``algo-1``.. in the order of the groups; each ``resourceconfig.json`` has
+  ``current_group_name``, the group's ``current_instance_type`` and ``instance_groups`` with the
+  host's own group first (:mod:`launcher.simulate.hosts.sagemaker_groups`). Which groups train is the
+  job's business (the hyperparameter ``launcher-instance-groups``), as on SageMaker.
+- The source bundle (:func:`launcher.platforms.sagemaker.bundle.stage_bundle`; a script inside an
+  unpacked upload, with ``launch.py`` and ``launcher/`` beside it, takes that directory's other files
+  along) is packed once into ``DIR/sourcedir.tar.gz``, the file the SDK uploads;
+  ``sagemaker_submit_directory`` names it. Without
   ``--toolkit`` simulate extracts it into each ``code/``; with ``--toolkit`` AWS's toolkit does
   (``files.download_and_extract``), as on SageMaker; with ``--network loopback`` it is told to skip
   its wait for the hosts' names (``SM_STUDIO_LOCAL_MODE``), with ``netns`` it waits as on SageMaker.

@@ -22,6 +22,7 @@ from launcher.errors import ConfigError, shown
 from launcher.platforms.sagemaker import bundle
 from launcher.simulate.hosts import BUILDERS, DEFAULT, builder
 from launcher.simulate.hosts.sagemaker_files import sdk_entries
+from launcher.simulate.hosts.sagemaker_groups import assign_hosts, parse_instance_groups
 
 PROG = "ddp-launcher simulate"
 MAX_HOSTS = 64
@@ -41,7 +42,8 @@ MAX_DEPTH = 100  # JSON nesting of a value: deeper ones break the JSON writers' 
 CHANNEL_NAME = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
 JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 KUBERNETES_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1035 label
-SAGEMAKER_ONLY = ("instance_type", "channel", "hyperparameters", "toolkit", "sdk", "sm_drivers", "code")
+SAGEMAKER_ONLY = ("instance_type", "channel", "hyperparameters", "toolkit", "sdk", "sm_drivers", "code",
+                  "instance_groups")
 EPILOG = """then: -- script.py args...  (SageMaker: the estimator's hyperparameters, --key value ...)
 
 platforms (each host gets what the platform gives a real node; the manual: launcher/simulate/__init__.py):
@@ -117,6 +119,7 @@ class Config:
     sdk: Optional[str] = None  # SageMaker: None (SDK 2.x estimator) or "v3" (ModelTrainer)
     drivers_dir: Optional[str] = None  # --sdk v3: the sm_drivers channel, absolute
     code_dir: Optional[str] = None  # --sdk v3: the code channel, absolute (None: the staged bundle)
+    instance_groups: tuple = ()  # SageMaker: ((name, instance type, hosts), ...) of a heterogeneous job
 
 
 class _Parser(argparse.ArgumentParser):
@@ -133,7 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
                 epilog=EPILOG)
     p.add_argument("--platform", choices=list(BUILDERS), default=DEFAULT,
                    help=f"the platform the hosts are given the variables and files of (default {DEFAULT})")
-    p.add_argument("--hosts", type=int, required=True, help=f"number of hosts, 1-{MAX_HOSTS}")
+    p.add_argument("--hosts", type=int, default=None,
+                   help=f"number of hosts, 1-{MAX_HOSTS} (required unless --instance-groups gives them)")
+    p.add_argument("--instance-groups", default=None, metavar="NAME=TYPE:COUNT,...",
+                   help="SageMaker: a heterogeneous cluster, e.g. train=ml.g5.xlarge:2,data=ml.c5.xlarge:1 "
+                        "(hosts algo-1.. in this order)")
     p.add_argument("--nproc-per-node", type=int, default=None,
                    help="processes per host (the platform's own field where it has one, else "
                         "LAUNCHER_NPROC_PER_NODE; default: the platform's or the launcher's, 1 on CPU)")
@@ -347,6 +354,22 @@ def _find_script(script_word: Optional[str], hps: dict[str, Any], cwd: str) -> s
     return path
 
 
+def _group_counts(args: argparse.Namespace) -> tuple[tuple[str, str, int], ...]:
+    """``--instance-groups`` parsed; it sets ``--hosts`` (which, if given too, must agree)."""
+    if args.instance_groups is None:
+        if args.hosts is None:
+            raise ConfigError("the following arguments are required: --hosts (or --instance-groups)")
+        return ()
+    groups = parse_instance_groups(args.instance_groups, MAX_HOSTS)
+    total = sum(g[2] for g in groups)
+    if args.hosts is not None and args.hosts != total:
+        raise ConfigError(f"--hosts {args.hosts} but --instance-groups has {total} hosts")
+    if args.instance_type is not None:
+        raise ConfigError("--instance-type and --instance-groups: each group names its own instance type")
+    args.hosts = total
+    return groups
+
+
 def _check_counts(args: argparse.Namespace) -> None:
     if not 1 <= args.hosts <= MAX_HOSTS:
         raise ConfigError(f"--hosts must be 1-{MAX_HOSTS}: {args.hosts}")
@@ -473,6 +496,7 @@ def build_config(argv: Sequence[str], cwd: str) -> Config:
     """Parse and check everything; raises :class:`ConfigError`. Writes and starts nothing."""
     own, script_words = split_at_dashes(argv)
     args = build_parser().parse_args(own)
+    group_counts = _group_counts(args)
     _check_counts(args)
     job_name = args.job_name or default_job_name()
     if not JOB_NAME.match(job_name):
@@ -512,4 +536,5 @@ def build_config(argv: Sequence[str], cwd: str) -> Config:
                           "pip install sagemaker-training")
     return Config(args.platform, hosts, args.nproc_per_node, args.instance_type or DEFAULT_INSTANCE_TYPE,
                   channels, _workdir(args, job_name, cwd), job_name, hps, script, command, faults,
-                  args.grace_period, sdk=args.sdk if v3[0] else None, drivers_dir=v3[0], code_dir=v3[1], **run)
+                  args.grace_period, sdk=args.sdk if v3[0] else None, drivers_dir=v3[0], code_dir=v3[1],
+                  instance_groups=assign_hosts(group_counts, hosts), **run)

@@ -2,7 +2,8 @@
 bench's node. It prints one JSON object a line on stdout, with wall-clock times (``time.time()``):
 ``{"joined": t}`` when it joined (clients) or listens (the hub), ``{"stop": t, "why": ...}`` when the
 watch asked to stop this host's workers, ``{"log": line}`` for each line the watch logs, and
-``{"end": t, "code": c, "report": r}`` after ``finish``.
+``{"end": t, "code": c, "report": r, "cpu": s, "maxrss": KiB}`` after ``finish`` (this process's own
+CPU time and peak RSS, read by itself: after it exits, /proc no longer has them).
 
 Usage: watch_node.py NODE NNODES PORT LOSS_TIMEOUT JOB [--fail-after SECONDS] [--succeed-after SECONDS]
 The shared secret, if any, comes from LAUNCHER_JOB_SECRET. Without --fail-after/--succeed-after it
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import threading
 import time
@@ -61,7 +63,8 @@ def main() -> int:
     else:
         stopped.wait()
         code, report = watch.finish(143, f"algo-{args.node + 1}: its workers were stopped because of that", False)
-    say(end=time.time(), code=code, report=report)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    say(end=time.time(), code=code, report=report, cpu=usage.ru_utime + usage.ru_stime, maxrss=usage.ru_maxrss)
     watch.close()
     return 0
 

@@ -94,13 +94,14 @@ def run(nnodes: int, port: int, timeout: float, fault: str, env: dict, job: str 
         else:
             figures["lost_after"] = next(s["stop"] for s in list(hub_said) if "stop" in s) - paused
             os.kill(by_node[FAULTY], signal.SIGCONT)  # it hears it was lost, and ends
-        figures["hub_cpu"], figures["hub_rss"] = _hub_usage(hub.pid)
 
         def ends() -> list[dict]:
             return [s for s in list(farm_said) + list(hub_said) if "end" in s]
 
         _until(lambda: len(ends()) == nnodes, timeout + wait, "not every host ended")
         figures["ends"] = {s.get("node", 0): (s["code"], s["report"]) for s in ends()}
+        hub_end = next(s for s in list(hub_said) if "end" in s)  # its own figures: it may have exited already
+        figures["hub_cpu"], figures["hub_rss"] = hub_end["cpu"], hub_end["maxrss"]
         hub.wait(timeout=wait)
         farm.wait(timeout=wait)
         figures["pids"] = pids

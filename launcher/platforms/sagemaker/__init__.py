@@ -22,9 +22,13 @@ hyperparameters as ``--key value`` pairs in the order given (text as is, anythin
 ``true``, ``[1, 2]``), which is the SageMaker form (:mod:`.argv`); and
 :meth:`SageMaker.prepare_argv` leaves such an argv alone (it is never SDK 2.x's rendering split at spaces).
 
+Heterogeneous jobs (several instance groups, :mod:`.groups`): the training world is the hosts of the
+training groups (``--instance-groups``, else ``sagemaker_distribution_instance_groups``, else every
+group), sorted the same way; a host outside them gets a :class:`~launcher.cluster.Role` that does not train.
+
 The rest of the SageMaker-only code lives beside this module: ``argv`` (AWS's rendering of
 hyperparameters into argv, the repair of an argv an old toolkit split, and the launcher's options
-read back from those pairs) and ``bundle`` (what an estimator uploads).
+read back from those pairs), ``bundle`` (what an estimator uploads) and ``groups`` (instance groups).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from launcher.errors import ConfigError, shown
 from launcher.platforms.base import ArgvPairs, HostView, Platform, nproc_per_node, parse_json, read_json, whole_number
 from launcher.platforms.devices import rdma_drivers
 from launcher.platforms.sagemaker import argv as aws_argv
+from launcher.platforms.sagemaker import groups as aws_groups
 
 DEFAULT_BASE_DIR = "/opt/ml"
 MASTER_PORT = 7777  # what AWS's PyTorch containers export as MASTER_PORT
@@ -98,7 +103,13 @@ class SageMaker(Platform):
         return tuple(found)
 
     def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
+        return self.resolve_groups(environ, host, None)
+
+    def resolve_groups(self, environ: Mapping[str, str], host: HostView,
+                       groups: Optional[Sequence[str]]) -> Cluster:
+        """The cluster; in a heterogeneous job the training world is the training groups' hosts (:mod:`.groups`)."""
         evidence: list[str] = []
+        role = None
         resource_path = config_path(environ, "resourceconfig.json")
         interface = environ.get("SM_NETWORK_INTERFACE_NAME") or None
         instance_type = environ.get("SM_CURRENT_INSTANCE_TYPE") or None
@@ -111,8 +122,14 @@ class SageMaker(Platform):
             interface = _text_or(config.get("network_interface_name"), interface)
             instance_type = _text_or(config.get("current_instance_type"), instance_type)
             evidence.append(f"{resource_path}: {len(hosts)} host(s), current_host {current!r}")
+            world = aws_groups.training_world(config, hosts, current, shown(resource_path), groups,
+                                              self._distribution_groups(environ), MASTER_PORT)
+            evidence += [world.evidence] if world.evidence else []
+            hosts, role = world.hosts, world.role
             master: Optional[str] = hosts[0]
-            nnodes, rank = len(hosts), hosts.index(current)
+            nnodes, rank = len(hosts), (hosts.index(current) if current in hosts else -1)
+        elif groups is not None:
+            raise ConfigError(f"{aws_groups.OPTION} needs {shown(resource_path)}, which is not there")
         elif environ.get("SM_HOSTS"):
             listed = parse_json(environ["SM_HOSTS"], "SM_HOSTS", "a JSON list of host names")
             listed, current = _check_hosts(listed, environ.get("SM_CURRENT_HOST"), "SM_HOSTS/SM_CURRENT_HOST")
@@ -149,7 +166,16 @@ class SageMaker(Platform):
             instance_type=instance_type,
             job_name=environ.get("TRAINING_JOB_NAME") or None,
             evidence=tuple(evidence),
+            role=role,
         )
+
+    def _distribution_groups(self, environ: Mapping[str, str]) -> Optional[tuple[str, ...]]:
+        """SDK 2.x's ``sagemaker_distribution_instance_groups``, if ``hyperparameters.json`` has it."""
+        path = config_path(environ, "hyperparameters.json")
+        if not os.path.exists(path):
+            return None
+        raw = read_json(path)
+        return aws_groups.distribution_groups(raw if isinstance(raw, dict) else None, shown(path))
 
     def report_path(self, environ: Mapping[str, str]) -> Optional[str]:
         return os.path.join(base_dir(environ), "output", "failure")

@@ -38,11 +38,23 @@ def host_names(job_name: str, count: int) -> tuple[str, ...]:
     return tuple(f"algo-{i}" for i in range(1, count + 1))
 
 
+def uploaded_files(script: str) -> list[str]:
+    """The other files of an uploaded source directory the script is in (``launch.py`` and ``launcher/``
+    beside it, e.g. a job's unpacked ``sourcedir.tar.gz``): they go into the bundle again."""
+    folder = os.path.dirname(os.path.abspath(script))
+    if not (os.path.isfile(os.path.join(folder, bundle.ENTRY_POINT))
+            and os.path.isdir(os.path.join(folder, bundle.PACKAGE))):
+        return []
+    skip = {bundle.ENTRY_POINT, os.path.basename(script), bundle.HELPER_MODULE}
+    return sorted(os.path.join(folder, name) for name in os.listdir(folder)
+                  if name not in skip and not name.startswith(".") and os.path.isfile(os.path.join(folder, name)))
+
+
 def pack_source(config: Config) -> str:
     """Stage the bundle and pack it as ``DIR/sourcedir.tar.gz``, as SDK v2 uploads it."""
     target = os.path.join(config.workdir, "sourcedir.tar.gz")
     with tempfile.TemporaryDirectory(prefix="simulate-bundle-") as tmp:
-        source = bundle.stage_bundle(config.script, os.path.join(tmp, "source"))
+        source = bundle.stage_bundle(config.script, os.path.join(tmp, "source"), uploaded_files(config.script))
         with tarfile.open(target, "w:gz", dereference=True) as tar:
             for name in sorted(os.listdir(source)):
                 tar.add(os.path.join(source, name), arcname=name)
@@ -57,7 +69,8 @@ def _host_tree(config: Config, host: str, submit: str) -> tuple[str, dict[str, A
     raw = encode_hyperparameters({**config.user_hyperparameters,
                                   **sdk_entries(config.job_name, submit, bundle.ENTRY_POINT)})
     interface = NETNS_INTERFACE if in_namespaces(config) else INTERFACE
-    files = {"resource": resource_config(config.hosts, host, config.instance_type, interface),
+    files = {"resource": resource_config(config.hosts, host, config.instance_type, interface,
+                                         config.instance_groups),
              "data": input_data_config(config.channels), "hps": raw}
     conf = os.path.join(base, "input", "config")
     write_json(os.path.join(conf, "resourceconfig.json"), files["resource"])

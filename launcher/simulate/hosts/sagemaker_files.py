@@ -26,14 +26,19 @@ def encode_hyperparameters(decoded: Mapping[str, Any]) -> dict[str, str]:
     return {str(key): json.dumps(value) for key, value in decoded.items()}
 
 
-def resource_config(hosts: Sequence[str], current: str, instance_type: str,
-                    interface: str = INTERFACE) -> dict[str, Any]:
-    """``resourceconfig.json``: ``hosts`` sorted; the group's list unsorted (current host first)."""
-    group_hosts = [current] + [h for h in hosts if h != current]
-    return {"current_host": current, "current_instance_type": instance_type,
-            "current_group_name": GROUP, "hosts": sorted(hosts),
-            "instance_groups": [{"instance_group_name": GROUP, "instance_type": instance_type,
-                                 "hosts": group_hosts}],
+def resource_config(hosts: Sequence[str], current: str, instance_type: str, interface: str = INTERFACE,
+                    groups: Sequence[tuple[str, str, Sequence[str]]] = ()) -> dict[str, Any]:
+    """``resourceconfig.json``: ``hosts`` sorted; the current group first, its host list current host first
+    (not sorted). ``groups`` (name, instance type, hosts): a heterogeneous job; else one group of every host."""
+    if not groups:
+        groups = [(GROUP, instance_type, hosts)]
+    mine = next(g for g in groups if current in g[2])
+    listed = [{"instance_group_name": name, "instance_type": kind,
+               "hosts": [current] + [h for h in members if h != current] if current in members else list(members)}
+              for name, kind, members in [mine] + [g for g in groups if g is not mine]]
+    return {"current_host": current, "current_instance_type": mine[1],
+            "current_group_name": mine[0], "hosts": sorted(hosts),
+            "instance_groups": listed,
             "network_interface_name": interface}
 
 

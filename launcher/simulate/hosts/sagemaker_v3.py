@@ -118,7 +118,8 @@ def _host_tree(config: Config, host: str, code: str, hps: Mapping[str, str]) -> 
         os.makedirs(os.path.join(base, sub))
     channels = {**config.channels, CODE_CHANNEL: code, DRIVERS_CHANNEL: config.drivers_dir}
     conf = os.path.join(base, "input", "config")
-    write_json(os.path.join(conf, "resourceconfig.json"), resource_config(config.hosts, host, config.instance_type))
+    write_json(os.path.join(conf, "resourceconfig.json"), resource_config(config.hosts, host, config.instance_type,
+                                                                               groups=config.instance_groups))
     write_json(os.path.join(conf, "hyperparameters.json"), dict(hps))
     write_json(os.path.join(conf, "inputdataconfig.json"), input_data_config(channels))
     write_json(os.path.join(conf, "checkpointconfig.json"),
