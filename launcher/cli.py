@@ -110,6 +110,11 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
                           environ, run_dir, choice.platform.fabric_env(cluster, host))
     launch = launch._replace(env_changes={**launch.env_changes, JOB_MARKER: token})
+    if options.hang_timeout and cluster.nnodes == 1:
+        from launcher.hangwatch import worker_env
+
+        changes, hang_notes = worker_env(environ, run_dir)
+        launch = launch._replace(env_changes={**launch.env_changes, **changes}, notes=(*launch.notes, *hang_notes))
     grace = invocation.options.grace_period or choice.platform.grace_period
     return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes)
 
@@ -186,7 +191,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
     watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
-    watch = None
+    watch = hangs = None
     try:
         watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
         watchdog.remove_dir(p.launch.run_dir)
@@ -195,10 +200,16 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             from launcher import jobwatch  # several nodes only
 
             watch = jobwatch.for_cluster(c, options, log)
+        if options.hang_timeout and c.nnodes == 1:
+            from launcher import hangwatch
+
+            hangs = hangwatch.for_cluster(c, options.hang_timeout, p.launch.run_dir, log)
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
         rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 else None
         outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch,
-                            rendezvous_timeout)
+                            rendezvous_timeout, hangs)
+        if hangs is not None:
+            hangs.close()  # a hang being decided is finished first
         cause = failure.find_root_cause(outcome, p.launch)
         code = failure.exit_code(outcome, cause)
         limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
@@ -212,6 +223,10 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
                 master = address_of(c.master_addr or "", options.resolve)
                 rendezvous += ": " + no_rendezvous_reason(master, master_port(c, options), c.node_rank)
             report = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
+        if hangs is not None and hangs.verdict:
+            from launcher import codes
+
+            code, report = codes.HANG_CODE, hangwatch.report(hangs, limit)
         if watch is not None:  # the job's root cause first, its exit code, wherever it happened
             from launcher.jobwatch import conclude
 
@@ -230,6 +245,8 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
     finally:
         if watch is not None:
             watch.close()
+        if hangs is not None:
+            hangs.close()
         import shutil  # only at the end
 
         shutil.rmtree(p.launch.run_dir, ignore_errors=True)

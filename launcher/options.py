@@ -36,6 +36,8 @@ from launcher.platforms.base import ArgvPairs
 ENV_PREFIX = "LAUNCHER_"
 MAX_SECONDS = 86400  # a day: the longest grace period or rendezvous timeout that is not a typo
 MAX_RESTARTS = 100
+# Gloo's own collective timeout: a job in which a rank waits that long in a collective fails anyway.
+DEFAULT_HANG_TIMEOUT = 1800
 MIN_HEARTBEAT_TIMEOUT = 1.5  # heartbeats come every second (every third of the timeout below 3 s)
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
@@ -53,6 +55,13 @@ def _whole_number(low: int, high: int) -> Callable[[str], int]:
 def _seconds(text: str) -> float:
     value = float(text)
     if not 0 < value <= MAX_SECONDS:  # also refuses nan and inf
+        raise ValueError
+    return value
+
+
+def _seconds_or_off(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= MAX_SECONDS:  # 0 turns it off; also refuses nan and inf
         raise ValueError
     return value
 
@@ -133,6 +142,10 @@ SPECS: tuple[Spec, ...] = (
     Spec("heartbeat_timeout", _heartbeat, 3, f"seconds {MIN_HEARTBEAT_TIMEOUT:g}-{MAX_SECONDS}",
          "the job watch: a host not heard from for this long is lost", metavar="SECONDS"),
     Spec("no_job_watch", parse_bool, False, "true or false", "turn the job watch off"),
+    Spec("hang_timeout", _seconds_or_off, DEFAULT_HANG_TIMEOUT, f"seconds 0-{MAX_SECONDS} (0: off)",
+         "a job in which no rank printed a line or sent a progress beat for this long is hung: every rank's "
+         "Python stacks are taken, the rank that stands out is named, the job ends with exit code 124; 0 "
+         "turns it off (default: gloo's collective timeout)", metavar="SECONDS"),
     Spec("resolve", parse_resolve, {}, "HOST=ADDR[,HOST=ADDR...]",
          "addresses for host names this machine cannot resolve (simulated hosts; /etc/hosts is never "
          "touched)", metavar="HOST=ADDR,..."),
@@ -156,6 +169,7 @@ class Options(NamedTuple):
     watch_port: Optional[int]
     heartbeat_timeout: float
     no_job_watch: bool
+    hang_timeout: float
     resolve: dict
     dry_run: bool
     json: bool
