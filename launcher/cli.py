@@ -113,7 +113,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     if cluster.nnodes > 1 and not options.no_job_watch:  # the watch's settings are checked before anything starts
         watch_ports(cluster, options, "0")
         watch_secret(options, environ)
-    if options.hang_timeout and cluster.nnodes == 1:
+    if options.hang_timeout and (cluster.nnodes == 1 or not options.no_job_watch):
         from launcher.hangwatch import worker_env
 
         changes, hang_notes = worker_env(environ, run_dir)
@@ -208,10 +208,12 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             from launcher import jobwatch  # several nodes only
 
             watch = jobwatch.for_cluster(c, options, log, watch_secret(options, environ))
-        if options.hang_timeout and c.nnodes == 1:
+        if options.hang_timeout and (c.nnodes == 1 or watch is not None):  # several hosts: node 0 decides
             from launcher import hangwatch
 
-            hangs = hangwatch.for_cluster(c, options.hang_timeout, p.launch.run_dir, log)
+            hangs = hangwatch.for_cluster(c, options.hang_timeout, p.launch.run_dir, log, watch)
+        elif options.hang_timeout:
+            log("hang detection off: with several hosts it needs the job watch")
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
         rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 else None
         outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch,
@@ -238,7 +240,10 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         if watch is not None:  # the job's root cause first, its exit code, wherever it happened
             from launcher.jobwatch import conclude
 
-            code, report = conclude(watch, c.current_host, outcome, cause, code, report)
+            if hangs is not None and hangs.verdict:  # every host has node 0's verdict: tell, and keep it
+                watch.finish(code, report, True)
+            else:
+                code, report = conclude(watch, c.current_host, outcome, cause, code, report)
         if code != 0:
             notes = []
             path = p.choice.platform.report_path(environ)

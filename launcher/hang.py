@@ -177,9 +177,15 @@ def _in(pos: Position) -> str:
     return f"in {pos.call} ({pos.where().split(' in ')[0]})" if pos.call else f"at {pos.where()}"
 
 
+def same_place(positions: Mapping[int, Position]) -> dict[int, Position]:
+    """Positions with their file's base name only: one script sits at another path on each host."""
+    return {rank: pos._replace(file=pos.file.rsplit("/", 1)[-1]) for rank, pos in positions.items()}
+
+
 def odd_ones_out(positions: Mapping[int, Position]) -> list[Position]:
     """The positions whose ranks stand out: those not waiting in ``torch.distributed`` while other ranks
-    are; else those of the smaller groups when one group is the largest; else none."""
+    are; else those of the smaller groups when one group is the largest; else none (see :func:`same_place`)."""
+    positions = same_place(positions)
     groups: dict[Position, list[int]] = {}
     for rank, pos in positions.items():
         groups.setdefault(pos, []).append(rank)
@@ -201,6 +207,7 @@ def culprit_sentence(positions: Mapping[int, Position], hosts: Mapping[int, str]
     all_reduce (train.py:88)``: the odd ones out first, then the others; or the place every rank shares.
     ``expected`` ranks with no position are named as such."""
     head = f"hang: no progress for {silent_for:.0f} s"
+    positions = same_place(positions)
     groups: dict[Position, list[int]] = {}
     for rank in sorted(positions):
         groups.setdefault(positions[rank], []).append(rank)

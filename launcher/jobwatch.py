@@ -73,7 +73,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Protocol, Union
 
 from launcher.command import address_of, master_port, watch_ports
 
@@ -105,6 +105,15 @@ _SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|DistNetw
                         re.IGNORECASE)
 
 StopRequest = Callable[[float, str], None]
+
+
+class Extension(Protocol):
+    """What another part of the launcher adds to the watch (hang detection): fields for every heartbeat,
+    and the messages the watch itself does not handle. Both run on the watch's loop thread: no blocking."""
+
+    def beat(self) -> dict: ...
+
+    def on_message(self, node: int, host: str, message: dict) -> None: ...
 
 
 class Event(NamedTuple):
@@ -196,9 +205,17 @@ class Watch:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self.selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self.extension: Optional[Extension] = None  # hang detection's messages (launcher/hangwatch.py)
+        self._outbox: list[dict] = []
         self.thread = threading.Thread(target=self._loop, name="job-watch", daemon=True)
 
     # -- the main thread's side --
+    def post(self, message: dict) -> None:
+        """Send a message from any thread: the hub to every client, a client to the hub (see :class:`Extension`)."""
+        with self.cond:
+            self._outbox.append(message)
+        self.wake()
+
     def wake(self) -> None:
         """Make the loop take a turn now (it reads what the main thread left for it)."""
         with contextlib.suppress(OSError):
@@ -432,11 +449,16 @@ class Watch:
                 self._credit(now)
             last = now
             self._judge(now)
+            with self.cond:
+                outbox, self._outbox = self._outbox, []
+            for message in outbox:
+                self._post(message)
             if now - self._sent >= self.interval:
                 self._sent = now
+                beat = {"t": "hb", **(self.extension.beat() if self.extension is not None else {})}
                 for conn in list(self.conns.values()):
                     if conn.node is not None:
-                        self._send(conn, {"t": "hb"})
+                        self._send(conn, beat)
             self._tick(now)
 
     def _writable(self, conn: _Conn) -> None:
@@ -462,6 +484,9 @@ class Watch:
 
     def _tick(self, now: float) -> None:
         """Once per loop turn: what a role does besides reading and heartbeats."""
+
+    def _post(self, message: dict) -> None:
+        raise NotImplementedError
 
     def _leave(self, message: dict, code: int) -> None:
         raise NotImplementedError
@@ -620,6 +645,11 @@ class Hub(Watch):
             self._record(event)
         elif kind == "done" and known.state == "running":
             conn.ended, known.state = True, "done"
+        elif self.extension is not None:
+            self.extension.on_message(conn.node, known.host, message)
+
+    def _post(self, message: dict) -> None:
+        self._broadcast(message)
 
     def _heard(self, node: int, known: _Node) -> None:
         now = time.monotonic()
@@ -803,6 +833,12 @@ class Client(Watch):
             self._drop(conn)
             self.hub = None
             self.next_try = 0.0
+        elif self.extension is not None:
+            self.extension.on_message(0, self.hub_host, message)
+
+    def _post(self, message: dict) -> None:
+        if self.hub is not None:
+            self._send(self.hub, message)
 
     def _heard_hub(self) -> None:
         now = time.monotonic()

@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.job, pytest.mark.skipif(WHY_NOT is not None, reason=f"
 SCRIPT = os.path.join(REPO, "tests", "scripts", "hang_worker.py")
 TIMEOUT = 15.0  # --hang-timeout: above a loaded machine's torch import and rendezvous, which print nothing
 BOUND = 15.0  # the issue's bound past the timeout
-LAYOUTS = [(1, 4)]  # hosts x processes per host
+LAYOUTS = [(1, 4), (2, 2), (4, 1)]  # hosts x processes per host
 
 
 def line_of(mark: str) -> int:
