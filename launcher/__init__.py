@@ -29,6 +29,9 @@ names every module and only modules that exist):
 - ``streams``: standard streams that are always there, and writes that never fail.
 - ``proctree``: finding and ending the processes the launcher started (the watchdog).
 - ``jobwatch``: the launchers of one job watch each other; a failed or silent host stops the job.
+- ``progress``: when each rank was last heard (its output lines, its progress beats).
+- ``hangwatch``: no progress anywhere for the hang timeout: every rank's stacks, the culprit named.
+- ``hang``: reading stack dumps: each rank's innermost user frame, the odd one out, the sentence.
 - ``outcome``: how torchrun ended, as the supervisor hands it on.
 - ``codes``: the classes of a run's outcome and their exit codes.
 - ``failure``: the root cause, the true exit code and the report for the platform.
