@@ -115,8 +115,9 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
         watch_secret(options, environ)
     if options.hang_timeout and (cluster.nnodes == 1 or not options.no_job_watch):
         from launcher.hangwatch import worker_env
+        from launcher.platforms.devices import count_gpus
 
-        changes, hang_notes = worker_env(environ, run_dir)
+        changes, hang_notes = worker_env(environ, run_dir, count_gpus(host.dev_dir))
         launch = launch._replace(env_changes={**launch.env_changes, **changes}, notes=(*launch.notes, *hang_notes))
     grace = invocation.options.grace_period or choice.platform.grace_period
     return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes)
@@ -212,6 +213,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             from launcher import hangwatch
 
             hangs = hangwatch.for_cluster(c, options.hang_timeout, p.launch.run_dir, log, watch)
+            hangs.nccl_env = p.launch.environment(environ)
         elif options.hang_timeout:
             log("hang detection off: with several hosts it needs the job watch")
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin

@@ -48,6 +48,10 @@ HANG_GRACE = 2.0  # a hung worker runs no Python SIGTERM handler: a longer grace
 TICK = 1.0  # how often the silence is judged
 TURN = 0.2  # how often another host looks for node 0's orders
 MAX_GROUPS_BYTES = 3000  # what a ``stacks`` message carries (the job watch's lines are at most 4096 bytes)
+# NCCL's Flight Recorder (torch >= 2.3): ring buffer of the last collectives, written out on a timeout.
+NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+NCCL_DUMP_WAIT = 2.0  # seconds the Flight Recorder gets to write its traces
+NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # writing to <prefix><rank>.pipe makes that rank dump
 OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the launcher's files in a worker's stack
 
 StopRequest = Callable[[float, str], None]
@@ -64,6 +68,7 @@ class HangWatch:
                  node: int = 0) -> None:
         self.timeout, self.progress, self.beats, self.hosts, self.log = timeout, progress, beats, hosts, log
         self.watch, self.node = watch, node
+        self.nccl_env: Mapping[str, str] = {}  # the workers' environment, when it has the Flight Recorder's pipe
         self.verdict: Optional[str] = None  # the culprit sentence once a hang was decided
         self.details: list[str] = []  # one line per rank of this host: where it was
         self.lock = threading.Lock()
@@ -192,6 +197,7 @@ class HangWatch:
                  "all its threads")
         if others:
             self._post({"phase": "freeze"})
+        self._nccl_dumps()
         signal_workers(workers, signal.SIGSTOP)
         if others:
             self._wait(lambda: others <= self._frozen, FREEZE_WAIT)
@@ -221,6 +227,7 @@ class HangWatch:
             self._busy_until = time.monotonic() + FREEZE_WAIT + STACK_WAIT + 10
             if phase == "freeze":
                 self.log("hang: node 0 found no progress anywhere: freezing the workers here for their stacks")
+                self._nccl_dumps()
                 signal_workers(self._workers(), signal.SIGSTOP)
                 self._post({"phase": "frozen"})
             elif phase == "dump":
@@ -244,6 +251,13 @@ class HangWatch:
         self.details = [f"rank {rank} ({self.hosts.get(rank, '?')}): {pos.where()}"
                         + (f", in {pos.call}" if pos.call else "") for rank, pos in sorted(positions.items())]
         return dict(positions)
+
+    def _nccl_dumps(self) -> None:
+        """GPU runs: the Flight Recorder's traces first (its thread must run: before the freeze)."""
+        if self.nccl_env and trigger_nccl_dumps(self.nccl_env, sorted(self.hosts)):
+            self.log(f"hang: asked NCCL's Flight Recorder of each rank here for its trace "
+                     f"({self.nccl_env.get('TORCH_NCCL_DEBUG_INFO_TEMP_FILE', '')}<rank>)")
+            time.sleep(NCCL_DUMP_WAIT)
 
     def _conclude(self, sentence: str) -> None:
         self.verdict = sentence
@@ -331,9 +345,11 @@ def signal_workers(pids: Sequence[int], signum: int) -> None:
             os.kill(pid, signum)
 
 
-def worker_env(environ: Mapping[str, str], run_dir: str) -> tuple[dict[str, str], list[str]]:
+def worker_env(environ: Mapping[str, str], run_dir: str, gpus: int = 0) -> tuple[dict[str, str], list[str]]:
     """The workers' variables for hang detection: where beats go, and faulthandler on (unless the user
-    set ``PYTHONFAULTHANDLER``: then a note says stacks may not come). Pure."""
+    set ``PYTHONFAULTHANDLER``: then a note says stacks may not come). With GPUs, NCCL's Flight Recorder
+    (:data:`NCCL_FLIGHT_RECORDER`): each rank keeps its last collectives and writes them out on a NCCL
+    timeout, or when the launcher writes to its pipe at a hang; a variable the user set wins. Pure."""
     changes = {BEAT_ENV: os.path.join(run_dir, BEAT_SOCKET)}
     notes = []
     if "PYTHONFAULTHANDLER" in environ:
@@ -341,7 +357,27 @@ def worker_env(environ: Mapping[str, str], run_dir: str) -> tuple[dict[str, str]
             notes.append("kept PYTHONFAULTHANDLER= (set by the user): a hang's stacks will be missing")
     else:
         changes["PYTHONFAULTHANDLER"] = "1"
+    if gpus:
+        tmp = environ.get("TMPDIR") or "/tmp"
+        wanted = {**NCCL_FLIGHT_RECORDER, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(tmp, "nccl_trace_rank_"),
+                  NCCL_PIPE_ENV: os.path.join(run_dir, "nccl_pipe_rank_")}
+        changes.update({k: v for k, v in wanted.items() if k not in environ})
     return changes, notes
+
+
+def trigger_nccl_dumps(environ: Mapping[str, str], ranks: Sequence[int]) -> int:
+    """Ask each rank's NCCL Flight Recorder to write its trace (a byte to its pipe); how many took it.
+    A pipe nobody reads (no NCCL, or the user's own setting elsewhere) is skipped at once."""
+    prefix = environ.get(NCCL_PIPE_ENV)
+    done = 0
+    for rank in ranks if prefix else ():
+        with contextlib.suppress(OSError):
+            fd = os.open(f"{prefix}{rank}.pipe", os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                done += os.write(fd, b"1") == 1
+            finally:
+                os.close(fd)
+    return done
 
 
 def for_cluster(cluster: Cluster, timeout: float, run_dir: str, log: Callable[[str], None],

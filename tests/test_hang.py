@@ -227,3 +227,31 @@ def test_capture_keeps_stderr_after_the_hang_only() -> None:
     assert prog.captured_lines() == ["[rank0]:Thread 0x1 (most recent call first):",
                                      '[rank0]:  File "/j/t.py", line 3 in f']
     assert sys.getsizeof(prog.captured) < progress.CAPTURE_LIMIT + 1024
+
+
+def test_worker_env_sets_faulthandler_beats_and_nccl_on_gpus_only_unless_the_user_did() -> None:
+    from launcher import hangwatch
+
+    plain, notes = hangwatch.worker_env({}, "/run/x")
+    assert plain == {progress.BEAT_ENV: "/run/x/progress.sock", "PYTHONFAULTHANDLER": "1"} and notes == []
+    gpu, _ = hangwatch.worker_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TMPDIR": "/scratch"}, "/run/x", gpus=8)
+    assert gpu["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in gpu
+    assert gpu["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/scratch/nccl_trace_rank_"
+    assert gpu[hangwatch.NCCL_PIPE_ENV] == "/run/x/nccl_pipe_rank_"
+    off, notes = hangwatch.worker_env({"PYTHONFAULTHANDLER": ""}, "/run/x")
+    assert "PYTHONFAULTHANDLER" not in off and "stacks will be missing" in notes[0]
+
+
+def test_nccl_pipes_nobody_reads_are_skipped_and_a_reader_gets_its_byte(tmp_path: object) -> None:
+    from launcher import hangwatch
+
+    prefix = os.path.join(str(tmp_path), "pipe_rank_")
+    os.mkfifo(prefix + "1.pipe")
+    reader = os.open(prefix + "1.pipe", os.O_RDONLY | os.O_NONBLOCK)  # rank 1 listens, rank 0 has no pipe
+    try:
+        assert hangwatch.trigger_nccl_dumps({hangwatch.NCCL_PIPE_ENV: prefix}, [0, 1]) == 1
+        assert os.read(reader, 10) == b"1"
+    finally:
+        os.close(reader)
+    os.mkfifo(prefix + "2.pipe")  # nobody reads: skipped at once, never blocks
+    assert hangwatch.trigger_nccl_dumps({hangwatch.NCCL_PIPE_ENV: prefix}, [2]) == 0
