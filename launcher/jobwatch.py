@@ -27,6 +27,10 @@ Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` byt
   collective whose peer went away, a broken rendezvous);
 - ``done`` {node, host}: that host's workers all succeeded (it may leave);
 - ``lost`` {node, host, why}: the hub lost that host (also sent to the lost host, best effort).
+- ``hang`` {phase, ...}: hang detection's own messages (:mod:`launcher.hangwatch`, attached as the
+  watch's :class:`Extension`): the hub's ``freeze``, ``dump`` and ``verdict`` {text}, a client's
+  ``frozen`` and ``stacks`` {ranks, groups}; a client's ``hb`` carries ``age``, how long ago its ranks
+  were last heard.
 
 Authentication (optional): with a shared secret (``LAUNCHER_JOB_SECRET``, or ``--job-secret-file``),
 every line after ``watch`` is ``<hex HMAC-SHA256> <json>``, the tag over the job's identity, both

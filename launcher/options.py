@@ -157,7 +157,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("hang_timeout", _seconds_or_off, DEFAULT_HANG_TIMEOUT, f"seconds 0-{MAX_SECONDS} (0: off)",
          "a job in which no rank printed a line or sent a progress beat for this long is hung: every rank's "
          "Python stacks are taken, the rank that stands out is named, the job ends with exit code 124; 0 "
-         "turns it off (default: gloo's collective timeout)", metavar="SECONDS"),
+         "turns it off; the default is gloo's own collective timeout", metavar="SECONDS"),
     Spec("resolve", parse_resolve, {}, "HOST=ADDR[,HOST=ADDR...]",
          "addresses for host names this machine cannot resolve (simulated hosts; /etc/hosts is never "
          "touched)", metavar="HOST=ADDR,..."),
