@@ -13,7 +13,7 @@ signal or a fatal error prints them, possibly with torchrun's ``[rankN]:`` prefi
 Each rank's position is the innermost frame of its main thread that is the user's own code (not the
 standard library, not an installed package, not torch, not the launcher), with the library function it
 was in (``all_reduce``). Ranks are grouped by position; the odd one out is the group that is not waiting
-in ``torch.distributed`` while others are, else the smaller groups; when every rank is at one place, that
+in a collective while others are, else the smaller groups; when every rank is at one place, that
 place is named.
 """
 
@@ -34,6 +34,11 @@ _FATAL = re.compile(r"^\s*Fatal Python error: ")
 _STDLIB = re.compile(r"/lib(64)?/python\d+(\.\d+)?t?/")
 LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/torch/", "<frozen ")
 COLLECTIVE_PART = "/torch/distributed/"
+# torch.distributed's collectives: a rank in one waits for the others (recv, the store, init are no collective)
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all", "all_to_all_single",
+    "barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "gather", "gather_object", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "all_reduce_coalesced"})
 THREADING_BOOTSTRAP = "_bootstrap"
 
 
@@ -58,8 +63,8 @@ class Thread(NamedTuple):
 
 
 class Position(NamedTuple):
-    """Where a rank is: its innermost user frame, the library function it is in, and whether that is
-    a ``torch.distributed`` call (a collective or the store). Plain values: sent between hosts."""
+    """Where a rank is: its innermost user frame, the library function it is in, and whether it waits
+    in a ``torch.distributed`` collective (:data:`COLLECTIVES`). Plain values: sent between hosts."""
 
     file: str
     line: int
@@ -144,7 +149,7 @@ def position(threads: Sequence[Thread], own: Sequence[str] = ()) -> Optional[Pos
     frames = thread.frames
     user = next((f for f in frames if is_user_code(f.file, own)), frames[0])
     inner = frames[0]
-    comm = any(COLLECTIVE_PART in f.file for f in frames[:frames.index(user)])
+    comm = any(COLLECTIVE_PART in f.file and f.func in COLLECTIVES for f in frames[:frames.index(user)])
     call = "" if inner is user else inner.func
     return Position(user.file, user.line, user.func, call, comm)
 
@@ -183,7 +188,7 @@ def same_place(positions: Mapping[int, Position]) -> dict[int, Position]:
 
 
 def odd_ones_out(positions: Mapping[int, Position]) -> list[Position]:
-    """The positions whose ranks stand out: those not waiting in ``torch.distributed`` while other ranks
+    """The positions whose ranks stand out: those not waiting in a collective while other ranks
     are; else those of the smaller groups when one group is the largest; else none (see :func:`same_place`)."""
     positions = same_place(positions)
     groups: dict[Position, list[int]] = {}

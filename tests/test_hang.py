@@ -255,3 +255,13 @@ def test_nccl_pipes_nobody_reads_are_skipped_and_a_reader_gets_its_byte(tmp_path
         os.close(reader)
     os.mkfifo(prefix + "2.pipe")  # nobody reads: skipped at once, never blocks
     assert hangwatch.trigger_nccl_dumps({hangwatch.NCCL_PIPE_ENV: prefix}, [2]) == 0
+
+
+def test_a_point_to_point_wait_is_no_collective_two_ranks_still_have_a_culprit() -> None:
+    recv = (Frame(C10D, 2700, "recv"), Frame("/job/train.py", 40, "wait_for_peer"))
+    reduce = (Frame(C10D, 3913, "all_reduce"), Frame("/job/train.py", 88, "main"))
+    positions = {0: hang.position([hang.Thread("0x1", True, reduce)]),
+                 1: hang.position([hang.Thread("0x1", True, recv)])}
+    assert positions[1] is not None and not positions[1].comm and positions[0].comm  # type: ignore[union-attr]
+    assert hang.culprit_sentence(positions, HOSTS, 10, range(2)).startswith(  # type: ignore[arg-type]
+        "hang: no progress for 10 s; rank 1 (algo-1) at train.py:40 in wait_for_peer (in recv); rank 0 in all_reduce")
