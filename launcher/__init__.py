@@ -25,6 +25,7 @@ names every module and only modules that exist):
 - ``cluster``: the ``Cluster`` value every platform produces.
 - ``command``: platform + options -> the ``Cluster`` (``cluster_for``), then torchrun's exact argv and env.
 - ``preflight``: bounded waits for host names and files the cluster publishes late.
+- ``bootstrap``: what torchrun runs for each worker: the script as ``python script.py``, and the code it asked for.
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
 - ``streams``: standard streams that are always there, and writes that never fail.
 - ``proctree``: finding and ending the processes the launcher started (the watchdog).

@@ -128,9 +128,11 @@ def _block(label: str, items: Sequence[str]) -> list[str]:
 
 
 def make_run_dir(path: str) -> None:
-    """Create the run directory, private (0700) and new: an existing one is never reused."""
+    """Create the run directory, private (0700) and new: an existing one is never reused; and its
+    ``exits`` directory, where the workers record the code they asked for (:mod:`launcher.bootstrap`)."""
     try:
         os.mkdir(path, 0o700)
+        os.mkdir(os.path.join(path, "exits"), 0o700)
     except OSError as exc:
         raise ConfigError(f"cannot create the run directory {path!r} (TMPDIR): "
                           f"{exc.strerror or exc}"[:300]) from None

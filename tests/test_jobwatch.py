@@ -541,6 +541,8 @@ def worker_pid(job: TwoHosts, host: int, rank: int) -> int:
 
 @pytest.mark.parametrize("fault, head, code", [
     (["--exit-code", "7"], "algo-2: rank 2 (local rank 0) exited with code 7", 7),
+    (["--exit-code", "7", "--abort-at-exit"], "algo-2: rank 2 (local rank 0) exited with code 7 (then aborted in "
+     "interpreter teardown: terminate called without an active exception)", 7),
     (["--self-signal", "SIGKILL"], "algo-2: rank 2 (local rank 0) was killed by SIGKILL (exit code 137)", 137)])
 def test_a_worker_failure_stops_both_hosts_with_its_root_cause(jobs, tmp_path, fault, head, code):
     job = jobs(tmp_path, [WORKER, *LONG_RUN, *fault, "--fail-rank", "2", "--fail-at-step", "10"])
