@@ -78,6 +78,8 @@ class HangWatch:
         self._closing = threading.Event()
         self._stragglers: set[int] = set()
         self._busy_until = 0.0  # another host in the middle of a hang: wait for the verdict until then
+        self._frozen_at = 0.0
+        self._dumped = False
         self._started: Optional[float] = None
         self._remote: dict[int, float] = {}  # node -> when its ranks were last heard (this clock)
         self._phases: list[dict] = []  # node 0's orders not yet carried out (another host)
@@ -219,9 +221,13 @@ class HangWatch:
         self._conclude(sentence)
 
     def _follow(self) -> bool:
-        """Another host: carry out node 0's orders; True once the verdict came."""
+        """Another host: carry out node 0's orders; True once the verdict came. Frozen workers whose
+        ``dump`` never comes (node 0 gone) are dumped here anyway, for this host's log."""
         with self.lock:
             phases, self._phases = self._phases, []
+        if self._frozen_at and not self._dumped and time.monotonic() - self._frozen_at > FREEZE_WAIT + STACK_WAIT:
+            self.log("hang: node 0 sent no dump order: taking this host's stacks anyway")
+            phases.append({"phase": "dump"})
         for message in phases:
             phase = message.get("phase")
             self._busy_until = time.monotonic() + FREEZE_WAIT + STACK_WAIT + 10
@@ -229,8 +235,10 @@ class HangWatch:
                 self.log("hang: node 0 found no progress anywhere: freezing the workers here for their stacks")
                 self._nccl_dumps()
                 signal_workers(self._workers(), signal.SIGSTOP)
+                self._frozen_at = time.monotonic()
                 self._post({"phase": "frozen"})
-            elif phase == "dump":
+            elif phase == "dump" and not self._dumped:
+                self._dumped = True
                 ranks = sorted(self.hosts)
                 positions = self._dump(self._workers())
                 self._post({"phase": "stacks", "ranks": ranks, "groups": _write_groups(positions)})
