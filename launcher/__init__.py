@@ -10,7 +10,8 @@ names every module and only modules that exist):
 
 - ``cli``: ties it together (``python -m launcher``, ``ddp-launcher``): ``plan()`` decides, ``run()`` starts.
 - ``options``: the launcher's own options (flags, ``LAUNCHER_*``, a platform's own argv form) and ``--help``.
-- ``errors``: ``ConfigError`` (bad input: exit 2, one line) and how a bad value is quoted.
+- ``errors``: ``ConfigError`` (bad input: exit 2, one line), how a bad value is quoted, bounded numbers.
+- ``filereader``: every input file read as a regular file, bounded, never blocking (FIFOs, devices refused).
 - ``platforms/``: the registry of cluster types in detection order, and ``choose()``.
 
   - ``platforms/base``: the ``Platform`` interface, ``HostView`` and the small readers platforms share.
@@ -28,8 +29,9 @@ names every module and only modules that exist):
 - ``bootstrap``: what torchrun runs for each worker: the script as ``python script.py``, and the code it asked for.
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
 - ``streams``: standard streams that are always there, and writes that never fail.
+- ``logspace``: the worker logs' disk use under ``$TMPDIR`` kept bounded while torchrun runs; a full disk named.
 - ``proctree``: finding and ending the processes the launcher started (the watchdog).
-- ``jobwatch``: the launchers of one job watch each other; a failed or silent host stops the job.
+- ``jobwatch``: the launchers of one job watch each other; a failed or lost host stops the job.
 - ``progress``: when each rank was last heard (its output lines, its progress beats).
 - ``hangwatch``: no progress anywhere for the hang timeout: every rank's stacks, the culprit named.
 - ``hang``: reading stack dumps: each rank's innermost user frame, the odd one out, the sentence.
@@ -42,8 +44,11 @@ names every module and only modules that exist):
   - ``simulate/run``: starts the hosts, streams their output, fires the faults.
   - ``simulate/summary``: what happened to each host.
   - ``simulate/netns``: each host its own network namespace (``--network netns``).
+  - ``simulate/become``: how a host's first process takes the host's name and files (the one place).
+  - ``simulate/slurm_lab``: a real SLURM cluster on this machine (the tests' and ``tools/slurm_lab.py``'s).
   - ``simulate/hosts/``: the registry of host builders (``BUILDERS``).
   - ``simulate/hosts/base``: what every builder shares (``HostSpec``, the job environment, the workdir).
+  - ``simulate/hosts/kubernetes``: what Kubernetes gives every container (both Kubeflow builders).
   - ``simulate/hosts/sagemaker``, ``simulate/hosts/sagemaker_env``, ``simulate/hosts/sagemaker_files``,
     ``simulate/hosts/sagemaker_v3``: SageMaker hosts (SDK v2 toolkit and SDK v3).
   - ``simulate/hosts/slurm``, ``simulate/hosts/pbs``, ``simulate/hosts/kubeflow``,

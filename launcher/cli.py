@@ -29,7 +29,16 @@ from typing import NamedTuple, Optional
 
 from launcher import platforms, streams
 from launcher.cluster import Cluster
-from launcher.command import Launch, address_of, build_launch, cluster_for, master_port, watch_ports, watch_secret
+from launcher.command import (
+    Launch,
+    address_of,
+    build_launch,
+    cluster_for,
+    job_identity,
+    master_port,
+    watch_ports,
+    watch_secret,
+)
 from launcher.errors import ConfigError, shown
 from launcher.options import Invocation, Options, help_text, parse_invocation
 from launcher.platforms.base import Attempt, HostView, look_once
@@ -129,7 +138,13 @@ def _block(label: str, items: Sequence[str]) -> list[str]:
 
 def make_run_dir(path: str) -> None:
     """Create the run directory, private (0700) and new: an existing one is never reused; and its
-    ``exits`` directory, where the workers record the code they asked for (:mod:`launcher.bootstrap`)."""
+    ``exits`` directory, where the workers record the code they asked for (:mod:`launcher.bootstrap`).
+    A full disk (less than :data:`launcher.logspace.FREE_MIN` free) is refused: torchrun could not write there."""
+    from launcher.logspace import disk_full_note
+
+    full = disk_full_note(os.path.dirname(path))
+    if full:
+        raise ConfigError(full[:300])
     try:
         os.mkdir(path, 0o700)
         os.mkdir(os.path.join(path, "exits"), 0o700)
@@ -142,8 +157,6 @@ def _watch_line(p: Plan) -> str:
     options = p.invocation.options
     if options.no_job_watch:
         return "off (--no-job-watch): a failed or lost host does not stop the others"
-    from launcher.jobwatch import job_identity  # small: hashlib only
-
     c = p.cluster
     ports = "/".join(map(str, watch_ports(c, options, job_identity(c.job_name or "", c.master_addr or "",
                                                                   master_port(c, options), c.nnodes))))
@@ -174,7 +187,14 @@ def describe(p: Plan, as_json: bool) -> str:
              f"stop:      grace period {p.grace_period:g} s after SIGTERM/SIGINT/SIGHUP",
              *_block("watch", [_watch_line(p)] if c.nnodes > 1 else []),
              *[f"note:      {n}" for n in p.notes]]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
+
+
+def printable(line: str) -> str:
+    """``line`` with control characters escaped (``\\n``, ``\\x1b``): a value cannot forge a line of output."""
+    if line.isprintable():
+        return line
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in line)
 
 
 def run(p: Plan, environ: Mapping[str, str]) -> int:
@@ -184,6 +204,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
     after it killed the job if the launcher itself is killed.
     """
     from launcher import failure, proctree  # not needed by --dry-run: imported here to keep start-up short
+    from launcher.logspace import disk_full_note
     from launcher.supervise import supervise
 
     c = p.cluster
@@ -201,7 +222,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             return 2
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
-    watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
+    watchdog = proctree.Watchdog(log)  # forked before any pipe exists: it holds none of them
     watch = hangs = None
     try:
         watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
@@ -237,6 +258,10 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
                 master = address_of(c.master_addr or "", options.resolve)
                 rendezvous += ": " + no_rendezvous_reason(master, master_port(c, options), c.node_rank)
             report = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
+            full = disk_full_note(p.launch.run_dir)  # the true cause of a failure nothing else explains
+            if full:
+                head, _, rest = report.partition("\n")
+                report = "\n".join(line for line in (head, full, rest) if line)[:limit]
         if hangs is not None and hangs.verdict:
             from launcher import codes
 
@@ -290,7 +315,7 @@ def _main(args: list[str]) -> int:
 
         return bundle_main(args[1:])
     if args and args[0] in ("-h", "--help"):
-        print(help_text(__doc__, platforms.help_rows(), platforms.argv_help()))
+        streams.write(sys.stdout, help_text(__doc__, platforms.help_rows(), platforms.argv_help()) + "\n")
         return 0
     environ = dict(os.environ)
     try:
@@ -301,6 +326,6 @@ def _main(args: list[str]) -> int:
         streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
         return 2
     if p.invocation.options.dry_run:
-        print(describe(p, p.invocation.options.json))
+        streams.write(sys.stdout, describe(p, p.invocation.options.json) + "\n")
         return 0
     return run(p, environ)

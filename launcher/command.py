@@ -11,13 +11,15 @@ changes what torchrun does behind the dry run's back.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from launcher.cluster import Cluster
+from launcher.cluster import Cluster, bad_host
 from launcher.errors import ConfigError, shown
+from launcher.filereader import read_bounded
 from launcher.options import Options
 from launcher.platforms.base import HostView, Platform
 
@@ -57,9 +59,17 @@ def cluster_for(platform: Platform, environ: Mapping[str, str], host: HostView, 
     """The cluster this launch uses: the platform's reading, then the options that override it.
 
     The one place where options and platform facts meet: ``--nproc-per-node`` replaces the
-    platform's process count (the evidence keeps what the platform said).
+    platform's process count (the evidence keeps what the platform said). Every host name the
+    platform read must be a host name or an IP address (:func:`launcher.cluster.is_host_name`).
     """
     cluster = platform.resolve(environ, host)
+    bad = bad_host(cluster)
+    if bad is not None:  # a platform's own check names its variable; this one holds for every platform
+        role, name = bad
+        holders = sorted(environ, key=lambda k: environ[k] != name)  # the variable holding exactly it first
+        source = next((k for k in holders if name in environ[k]), None)
+        where = source or (f"{platform.name}: {shown(cluster.evidence[0], 120)}" if cluster.evidence else platform.name)
+        raise ConfigError(f"{where}: the {role} {shown(name)} is not a host name or IP address")
     nproc = options.nproc_per_node
     if nproc is None:
         return cluster
@@ -87,6 +97,12 @@ def master_port(cluster: Cluster, options: Options) -> int:
     return options.master_port or cluster.master_port or DEFAULT_MASTER_PORT
 
 
+def job_identity(job_name: str, master: str, port: int, nnodes: int) -> str:
+    """The job's identity for the job watch, from what every host of it knows (the platform's job name,
+    the rendezvous endpoint, the node count): 16 hex digits."""
+    return hashlib.sha256(f"{job_name}\n{master}:{port}\n{nnodes}".encode()).hexdigest()[:16]
+
+
 def watch_ports(cluster: Cluster, options: Options, job: str) -> tuple[int, ...]:
     """The job watch's candidate ports (:mod:`launcher.jobwatch`), in order: ``--watch-port``, else
     :data:`WATCH_CANDIDATES` ports in 61000-65499 derived from the job's identity ``job`` (hex): above
@@ -108,11 +124,7 @@ def watch_secret(options: Options, environ: Mapping[str, str]) -> Optional[bytes
     else None. Raises :class:`ConfigError` for a file that cannot be read or is empty."""
     path = options.job_secret_file
     if path:
-        try:
-            with open(path, "rb") as fh:
-                secret = fh.read(65536).strip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read --job-secret-file {shown(path)}: {exc.strerror or exc}") from None
+        secret = (read_bounded(path, 65536, "--job-secret-file") or b"").strip()  # a FIFO never blocks
         if not secret:
             raise ConfigError(f"--job-secret-file {shown(path)} is empty")
         return secret

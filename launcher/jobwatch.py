@@ -16,7 +16,7 @@ Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` byt
 
 - ``watch`` {nonce}: the hub's first line on every connection (a fresh random nonce);
 - ``hello`` {job, node, host, nnodes, nonce}: a client's first line; ``job`` is the job's identity
-  (:func:`job_identity`: the platform's job name, the rendezvous endpoint and the node count, which
+  (:func:`launcher.command.job_identity`: the platform's job name, the rendezvous endpoint and the node count, which
   every host knows). The hub answers a hello of this job with its own ``hello``, then every event it
   has relayed so far; a hello of another job gets ``refused`` and the connection is closed (logged
   once; neither job is affected). The newest accepted hello of a node replaces its older connection
@@ -79,7 +79,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Protocol, Union
 
-from launcher.command import address_of, master_port, watch_ports
+from launcher.command import address_of, job_identity, master_port, watch_ports
 
 if TYPE_CHECKING:
     from launcher.cluster import Cluster
@@ -133,11 +133,6 @@ class Event(NamedTuple):
 
 class _Junk(Exception):
     """A line that is not a valid message of this job (its text says why)."""
-
-
-def job_identity(job_name: str, master: str, port: int, nnodes: int) -> str:
-    """The job's identity, from what every host of it knows: 16 hex digits."""
-    return hashlib.sha256(f"{job_name}\n{master}:{port}\n{nnodes}".encode()).hexdigest()[:16]
 
 
 def is_secondary(exception: str, rank: Optional[int]) -> bool:
@@ -370,6 +365,8 @@ class Watch:
             raise _Junk("garbage")
         if not tagged:
             return message
+        if sender == "client" and conn.node is None and message.get("job") != self.job:
+            return message  # another job's hello (its tag is no concern of ours): refused as such
         if sender == "client" and conn.node is None:  # a hello: its nonce is part of what it signs
             conn.client_nonce = _text(message.get("nonce", ""), 64)
         if not hmac.compare_digest(tag, self._tag(conn, sender, body).encode()):
@@ -585,6 +582,12 @@ class Hub(Watch):
             self._register(conn)
             self._send(conn, {"t": "watch", "nonce": conn.hub_nonce}, tagged=False)
 
+    def _drop(self, conn: _Conn) -> None:
+        super()._drop(conn)
+        known = self.nodes.get(conn.node) if conn.node is not None else None
+        if known is not None and known.conn is conn:
+            known.conn = None  # no loss: the node may reconnect before its silence decides
+
     def _drop_oldest_pending(self) -> bool:
         pending = [c for c in self.conns.values() if c.node is None]
         if not pending:
@@ -670,11 +673,10 @@ class Hub(Watch):
 
     def _closed(self, conn: _Conn, why: str) -> None:
         known = self.nodes.get(conn.node) if conn.node is not None else None
+        current = known is not None and known.conn is conn
         self._drop(conn)
-        if known is not None and known.conn is conn:
-            known.conn = None
-            if known.state == "running" and not conn.ended:
-                self._lose(conn.node, known, why)  # type: ignore[arg-type]
+        if current and known is not None and known.state == "running" and not conn.ended:
+            self._lose(conn.node, known, why)  # type: ignore[arg-type]
 
     def _credit(self, now: float) -> None:
         for known in self.nodes.values():
@@ -735,6 +737,7 @@ class Client(Watch):
         self.next_try = 0.0
         self.final: Optional[dict] = None
         self.left = False
+        self.began = time.monotonic()
 
     def connected(self) -> bool:
         """True while the hub is connected (handshaken)."""
@@ -786,9 +789,9 @@ class Client(Watch):
         self._want(conn, selectors.EVENT_READ)
 
     def _abandon(self, conn: _Conn, why: str) -> None:
+        was_attempt = conn is self.attempt
         self._drop(conn)
-        if conn is self.attempt:
-            self.attempt = None
+        if was_attempt:
             self._next_port(why)
 
     def _refused(self, conn: _Conn, why: str) -> None:
@@ -809,8 +812,8 @@ class Client(Watch):
             raise _Junk("not this job's hub")
         conn.node, conn.host = 0, _text(message["host"], 100)
         old, self.hub, self.attempt = self.hub, conn, None
-        if old is not None:
-            self._drop(old)
+        if old is not None and old is not conn:
+            super()._drop(old)
         self.hub_host = conn.host
         self._heard_hub()
         if not self.joined:
@@ -835,7 +838,6 @@ class Client(Watch):
             self.ended = True
         elif kind == "replaced":  # a newer connection of this node took over (or someone claims to be it)
             self._drop(conn)
-            self.hub = None
             self.next_try = 0.0
         elif self.extension is not None:
             self.extension.on_message(0, self.hub_host, message)
@@ -851,16 +853,22 @@ class Client(Watch):
             self.log(f"job watch: the hub on {self.hub_host} heard again after {now - self.heard:.1f} s of silence")
         self.heard = now
 
-    def _closed(self, conn: _Conn, why: str) -> None:
-        self._drop(conn)
+    def _drop(self, conn: _Conn) -> None:
+        super()._drop(conn)
+        if conn is self.hub:
+            self.hub = None
         if conn is self.attempt:
             self.attempt = None
+
+    def _closed(self, conn: _Conn, why: str) -> None:
+        was_attempt, was_hub = conn is self.attempt, conn is self.hub
+        self._drop(conn)
+        if was_attempt:
             if not conn.hello_sent or not self.joined:
                 self._next_port(why)
             return
-        if conn is not self.hub:
+        if not was_hub:
             return
-        self.hub = None
         if self.ended or self.left or self.events:
             return
         if self.attempt is not None and self.attempt.hello_sent:
@@ -892,6 +900,10 @@ class Client(Watch):
             return
         if self.final is not None and (self.hub is not None or not self.joined):
             return
+        if not self.joined and now - self.began > HANDSHAKE_TIMEOUT:
+            self._once("no hub yet", f"job watch: no hub of this job on {self.address} port(s) "
+                                     f"{', '.join(map(str, self.ports))} yet; still looking (until the rendezvous "
+                                     "timeout)")
         if not self.joined and now > self.deadline:
             if not self.off:
                 self.off = (f"no hub of this job answered on {self.address} port(s) "
@@ -924,15 +936,25 @@ class Client(Watch):
         with self.cond:
             self.cond.wait_for(lambda: self.left or not self.thread.is_alive(), timeout=LEAVE_WAIT)
             self.left = True
+        if not self.joined and not self.off:
+            self.off = f"it never reached this job's hub on {self.address} port(s) {', '.join(map(str, self.ports))}"
+
+
+class Off(Watch):
+    """Node 0 when no candidate port was free: no watch (the clients find no hub either); a failure
+    report says so."""
+
+    def _leave(self, message: dict, code: int) -> None:
+        """Nobody to tell."""
 
 
 def start(node: int, host: str, nnodes: int, master: str, port: Union[int, Sequence[int]], timeout: float,
           connect_for: float, log: Callable[[str], None], job: str = "",
-          secret: Optional[bytes] = None) -> Optional[Watch]:
-    """Start this host's watch (hub on node 0, else client); None if the hub cannot listen (logged).
+          secret: Optional[bytes] = None) -> Watch:
+    """Start this host's watch (hub on node 0, else client); :class:`Off` if the hub cannot listen (logged).
 
     ``port`` is the watch port, or the candidate ports in order (the hub listens on the first free
-    one, clients look for this job's hub on each); ``job`` the job's identity (:func:`job_identity`),
+    one, clients look for this job's hub on each); ``job`` the job's identity (:func:`launcher.command.job_identity`),
     ``secret`` the shared secret that tags every message (None: none).
     """
     ports = (port,) if isinstance(port, int) else tuple(port)
@@ -951,9 +973,10 @@ def start(node: int, host: str, nnodes: int, master: str, port: Union[int, Seque
             log(f"job watch: hub on port {candidate}{taken}")
             break
         else:
-            log(f"job watch off: cannot listen on port {'; '.join(problems)}; the other hosts find no hub "
-                "and run without the watch too")
-            return None
+            off = Off(node, host, nnodes, timeout, log)
+            off.off = f"the hub could not listen on port {'; '.join(problems)}"
+            log(f"job watch off: {off.off}; the other hosts find no hub and run without the watch too")
+            return off
     else:
         watch = Client(master, ports, time.monotonic() + connect_for, node, host, nnodes, timeout, log,
                        job=job, secret=secret)
@@ -969,8 +992,8 @@ def _listen(port: int, backlog: int) -> socket.socket:
 
 
 def for_cluster(cluster: Cluster, options: Options, log: Callable[[str], None],
-                secret: Optional[bytes] = None) -> Optional[Watch]:
-    """The watch of this host's launcher (several nodes); None if the hub cannot listen (logged)."""
+                secret: Optional[bytes] = None) -> Watch:
+    """The watch of this host's launcher (several nodes); :class:`Off` if the hub cannot listen (logged)."""
     job = job_identity(cluster.job_name or "", cluster.master_addr or "", master_port(cluster, options),
                        cluster.nnodes)
     return start(cluster.node_rank, cluster.current_host, cluster.nnodes,

@@ -29,8 +29,8 @@ from launcher import codes
 from launcher.simulate import netns
 
 WHY_NOT = netns.unavailable()
-pytestmark = [pytest.mark.job, pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}"),
-              pytest.mark.usefixtures("machine")]
+pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}"),
+              pytest.mark.usefixtures("machine"), pytest.mark.job, pytest.mark.lab]
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "hang_worker.py")
 TIMEOUT = 15.0  # --hang-timeout: above a loaded machine's torch import and rendezvous, which print nothing

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import selectors
 import signal
 import socket
 import subprocess
@@ -20,6 +22,8 @@ from typing import Optional
 
 import pytest
 from conftest import PYTHON, REPO, assert_gone, free_port, is_alive, launcher_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_launcher_processes import make_host, records, wait_for_records
 
 from launcher import jobwatch, proctree
@@ -208,19 +212,20 @@ def test_a_killed_peer_is_lost_at_once(watches, nodes):
     print(f"a SIGKILLed client lost {waited:.2f} s after")
 
 
-def test_a_paused_hub_does_not_lose_everyone_when_it_resumes(watches, nodes):
-    """The hub's own process paused longer than the loss timeout: on waking, it reads what came, and
-    restarts its silence clocks instead of declaring its live clients lost (they lose it meanwhile)."""
-    timeout = 4.0
-    hub = nodes(0, 2, watches.port, timeout)
-    client, rec = watches(1, nnodes=2, timeout=timeout)
-    until(lambda: client.connected(), timeout=30)
-    hub.proc.send_signal(signal.SIGSTOP)
-    time.sleep(2.0)  # shorter than the loss timeout: the client only suspects the hub
-    hub.proc.send_signal(signal.SIGCONT)
-    time.sleep(3 * timeout)
-    assert client.cause() is None and hub.first("stop") is None, (rec.lines, hub.logs())
-    assert "lost" not in hub.logs()
+def test_a_host_paused_longer_than_its_loss_timeout_does_not_lose_the_others_when_it_resumes(watches, nodes):
+    """A client process paused (SIGSTOP) for longer than its own loss timeout: on waking it reads what
+    came meanwhile and restarts its silence clocks instead of declaring the hub lost; the hub (a longer
+    timeout) only suspected it."""
+    hub, rec = watches(0, nnodes=2, timeout=30.0)
+    client = nodes(1, 2, watches.port, 3.0)
+    until(lambda: client.first("joined") is not None and hub.states == {1: "running"}, timeout=30)
+    client.proc.send_signal(signal.SIGSTOP)
+    time.sleep(6.0)
+    client.proc.send_signal(signal.SIGCONT)
+    until(lambda: any("algo-2 heard again" in line for line in rec.lines), timeout=30)
+    time.sleep(2.0)
+    assert client.first("stop") is None and "lost" not in client.logs(), client.logs()
+    assert hub.cause() is None and not rec.stops
 
 
 @pytest.mark.parametrize("garbage", [b"not json\n", b"[1, 2]\n", b'{"t": "failed", "code": "x"}\n',
@@ -473,16 +478,21 @@ JOB_BOUND = 12.0  # seconds from the fault until every process has exited (a loa
 class TwoHosts:
     """Two launchers of one job on 127.0.0.1, each on its own SageMaker tree; stderr read as it comes."""
 
-    def __init__(self, tmp_path, script_args, launcher_args=()) -> None:
+    def __init__(self, tmp_path, script_args, launcher_args=(), port: Optional[int] = None,
+                 watch: Optional[int] = -1, prefix: tuple = ()) -> None:
+        """``port`` the rendezvous port (default a free one), ``watch`` the watch port (-1: a free one;
+        None: the default rule), ``prefix`` what runs the launchers (e.g. ``ip netns exec NAME``)."""
         self.bases = [make_host(tmp_path, h, HOSTS) for h in HOSTS]
-        port, watch = free_port(), free_port()
+        port = port or free_port()
+        ports = {"LAUNCHER_MASTER_PORT": str(port)}
+        if watch is not None:
+            ports["LAUNCHER_WATCH_PORT"] = str(free_port() if watch == -1 else watch)
         self.procs = []
         self.err: list[list[str]] = [[], []]
         for base, err in zip(self.bases, self.err):
-            env = launcher_env(SAGEMAKER_BASE_DIR=str(base), WORKER_RECORD_DIR=str(base / "records"),
-                               LAUNCHER_MASTER_PORT=str(port), LAUNCHER_WATCH_PORT=str(watch),
+            env = launcher_env(SAGEMAKER_BASE_DIR=str(base), WORKER_RECORD_DIR=str(base / "records"), **ports,
                                LAUNCHER_RESOLVE=",".join(f"{h}=127.0.0.1" for h in HOSTS))
-            proc = subprocess.Popen([PYTHON, "-m", "launcher", "--nproc-per-node", "2", *launcher_args,
+            proc = subprocess.Popen([*prefix, PYTHON, "-m", "launcher", "--nproc-per-node", "2", *launcher_args,
                                      *script_args], env=env, cwd=str(base), stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
             self.procs.append(proc)
@@ -516,8 +526,8 @@ class TwoHosts:
 def jobs():
     started: list[TwoHosts] = []
 
-    def make(tmp_path, script_args, launcher_args=()) -> TwoHosts:
-        job = TwoHosts(tmp_path, script_args, launcher_args)
+    def make(tmp_path, script_args, launcher_args=(), **kwargs) -> TwoHosts:
+        job = TwoHosts(tmp_path, script_args, launcher_args, **kwargs)
         started.append(job)
         return job
 
@@ -539,6 +549,7 @@ def worker_pid(job: TwoHosts, host: int, rank: int) -> int:
     return wait_for_records(job.bases[host], 2, timeout=120, steps=1)[rank]["pid"]
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("fault, head, code", [
     (["--exit-code", "7"], "algo-2: rank 2 (local rank 0) exited with code 7", 7),
     (["--exit-code", "7", "--abort-at-exit"], "algo-2: rank 2 (local rank 0) exited with code 7 (then aborted in "
@@ -560,6 +571,7 @@ def test_a_worker_failure_stops_both_hosts_with_its_root_cause(jobs, tmp_path, f
     assert waited <= JOB_BOUND
 
 
+@pytest.mark.job
 def test_a_silent_launcher_is_lost_after_the_loss_timeout(jobs, tmp_path):
     """algo-2's launcher paused (SIGSTOP) for longer than the loss timeout: its workers run on, its
     heartbeats stop."""
@@ -582,6 +594,7 @@ def test_a_silent_launcher_is_lost_after_the_loss_timeout(jobs, tmp_path):
     assert job.failure(1).startswith("algo-2 lost: no heartbeat for 4 s\nthen algo-2: ")
 
 
+@pytest.mark.job
 def test_a_launcher_paused_for_less_than_the_loss_timeout_is_no_loss(jobs, tmp_path):
     """algo-2's launcher paused for 5 s (longer than the old 3 s timeout): suspect, then heard again;
     the job finishes with 0 on both hosts."""
@@ -597,6 +610,7 @@ def test_a_launcher_paused_for_less_than_the_loss_timeout_is_no_loss(jobs, tmp_p
     assert "algo-2 heard again after" in job.stderr(0), job.stderr(0)[-3000:]
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("lost", [1, 0])
 def test_a_host_that_loses_power_is_lost(jobs, tmp_path, lost):
     """Every process of one host SIGKILLed at once: the other names it and exits 137."""
@@ -629,6 +643,7 @@ with open(os.path.join(os.environ["WORKER_RECORD_DIR"], f"rank{rank}.json"), "w"
 """
 
 
+@pytest.mark.job
 def test_a_host_that_finishes_early_is_no_loss(jobs, tmp_path):
     script = tmp_path / "early_and_late.py"
     script.write_text(EARLY_AND_LATE)
@@ -641,6 +656,44 @@ def test_a_host_that_finishes_early_is_no_loss(jobs, tmp_path):
     assert {r["sum"] for h in (0, 1) for r in records(job.bases[h]).values()} == {4.0}
 
 
+@pytest.fixture
+def loopback():
+    """A network namespace of this test's own with only its loopback up: ports 29500 and 29501 are free
+    there whatever else runs on the machine. Yields the prefix that runs a command in it."""
+    name = f"watchjobs-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+        yield ("ip", "netns", "exec", name)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=True)
+
+
+@pytest.mark.job
+def test_two_jobs_on_the_same_hosts_at_neighbouring_ports_both_finish(jobs, tmp_path, loopback):
+    """Two 2-host jobs at the same time on the same hosts, MASTER_PORT 29500 and 29501 (the common habit),
+    default watch ports: neither job's watch takes the other's rendezvous port or hears the other job."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    run = [WORKER, "--steps", "60", "--step-sleep", "0.05"]
+    a = jobs(first, run, port=29500, watch=None, prefix=loopback)
+    b = jobs(second, run, port=29501, watch=None, prefix=loopback)
+    for job in (a, b):
+        for proc in job.procs:
+            proc.wait(timeout=240)
+    for job in (a, b):
+        for host in (0, 1):
+            assert job.procs[host].returncode == 0, job.stderr(host)[-3000:]
+            assert "lost" not in job.stderr(host) and "job watch off" not in job.stderr(host)
+        assert "job watch: connected to the hub" in job.stderr(1)
+        hub_port = int(re.search(r"job watch: hub on port (\d+)", job.stderr(0)).group(1))
+        assert 61000 <= hub_port < 65500
+
+
+@pytest.mark.job
 def test_no_job_watch_starts_none(jobs, tmp_path):
     job = jobs(tmp_path, [WORKER, "--steps", "3"], ["--no-job-watch"])
     for proc in job.procs:
@@ -727,3 +780,153 @@ def test_the_hubs_memory_stays_bounded_under_junk():
     assert result["alive"] and not result["stopped"], result["log"]
     assert result["after"] - result["before"] < 16 * 1024, result
     assert not any("Traceback" in line or "Too many open files" in line for line in result["log"])
+
+
+class FreezingProxy:
+    """A TCP relay between clients and the hub whose existing connections can be frozen: their bytes
+    stop flowing both ways and nothing is closed (a link blip as TCP sees it), while new connections
+    flow. Real sockets on 127.0.0.1."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.frozen: list[threading.Event] = []
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                inner, _ = self.server.accept()
+            except OSError:
+                return
+            outer = socket.create_connection(("127.0.0.1", self.target))
+            frozen = threading.Event()
+            self.frozen.append(frozen)
+            self.socks += [inner, outer]
+            for a, b in ((inner, outer), (outer, inner)):
+                threading.Thread(target=self._pump, args=(a, b, frozen), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket, frozen: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                data = source.recv(65536)
+                while frozen.is_set():
+                    time.sleep(0.05)
+                if not data:
+                    sink.shutdown(socket.SHUT_WR)
+                    return
+                sink.sendall(data)
+
+    def freeze(self) -> None:
+        for event in list(self.frozen):
+            event.set()
+
+    def close(self) -> None:
+        self.server.close()
+        for sock in self.socks:
+            sock.close()
+
+
+def test_a_client_cut_off_without_a_definite_end_reconnects_and_nothing_is_lost(watches):
+    """The client's connection goes silent (frozen, not closed) for 6 s: the hub suspects the client, the
+    client suspects the hub and opens a new connection with the same identity, which replaces the old."""
+    timeout = 10.0
+    hub, rec = watches(0, nnodes=2, timeout=timeout)
+    proxy = FreezingProxy(watches.port)
+    crec = Recorder()
+    client = jobwatch.start(1, "algo-2", 2, "127.0.0.1", proxy.port, timeout, 30.0, crec.log, job=JOB)
+    try:
+        client.attach(crec.stop)
+        until(lambda: client.connected() and hub.states == {1: "running"})
+        proxy.freeze()
+        until(lambda: any("reconnected to the hub" in line for line in crec.lines), timeout=30)
+        until(lambda: any("algo-2 reconnected" in line for line in rec.lines), timeout=30)
+        time.sleep(1.0)
+        assert hub.cause() is None and client.cause() is None and not rec.stops and not crec.stops
+        assert any("silent for" in line and "trying a new connection" in line for line in crec.lines), crec.lines
+        assert client.finish(0, "", True) == (0, "")
+        until(lambda: hub.states == {1: "done"})
+    finally:
+        client.close()
+        proxy.close()
+    assert hub.cause() is None
+
+
+def test_a_slow_reader_loses_nothing_and_blocks_nothing():
+    """Messages to a peer whose socket takes only part of them wait in its buffer (EVENT_WRITE) and
+    arrive whole and in order as it reads, a little at a time; the loop meanwhile goes on."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    rec = Recorder()
+    hub = jobwatch.Hub(listener, listener.getsockname()[1], 0, "algo-1", 2, 30.0, rec.log, job=JOB)
+    near, far = socket.socketpair()
+    try:
+        near.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        far.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        near.setblocking(False)
+        conn = jobwatch._Conn(near, time.monotonic())
+        conn.node, conn.host = 1, "algo-2"
+        hub._register(conn)
+        hub.nodes[1] = jobwatch._Node("algo-2", time.monotonic())
+        hub.nodes[1].conn = conn
+        sent = [{"t": "lost", "node": 1, "host": "algo-2", "why": f"message {i} " + "x" * 500} for i in range(200)]
+        for message in sent:
+            hub._send(conn, message)  # before the loop runs: this thread owns the sockets
+        assert conn.out and conn.mask & selectors.EVENT_WRITE  # the rest waits; nothing blocked
+        hub.thread.start()
+        received = b""
+        while received.count(b'"t":"lost"') < len(sent):
+            received += far.recv(1000)
+            time.sleep(0.002)
+        lines = [json.loads(line) for line in received.splitlines() if b'"t":"lost"' in line]
+        assert lines == sent
+        assert hub.thread.is_alive() and hub.cause() is None
+    finally:
+        hub.close()
+        far.close()
+    assert not hub.thread.is_alive()
+
+
+def _hub_with_peer(secret=None):
+    """A hub whose loop does not run (this thread drives it) and a handshaken node 1 on a socketpair."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    hub = jobwatch.Hub(listener, listener.getsockname()[1], 0, "algo-1", 2, 30.0, Recorder().log, job=JOB,
+                       secret=secret)
+    near, far = socket.socketpair()
+    near.setblocking(False)
+    conn = jobwatch._Conn(near, time.monotonic())
+    conn.node, conn.host, conn.hub_nonce, conn.client_nonce = 1, "algo-2", "hn", "cn"
+    hub._register(conn)
+    hub.nodes[1] = jobwatch._Node("algo-2", time.monotonic())
+    hub.nodes[1].conn = conn
+    return hub, conn, far
+
+
+@settings(max_examples=150, deadline=None)
+@given(chunks=st.lists(st.one_of(st.binary(max_size=600),
+                                 st.builds(lambda d: json.dumps(d).encode() + b"\n",
+                                           st.dictionaries(st.sampled_from(["t", "node", "host", "code", "report",
+                                                                            "primary", "why", "n", "job"]),
+                                                           st.one_of(st.integers(), st.text(max_size=20),
+                                                                     st.booleans(), st.none(), st.floats()),
+                                                           max_size=6))),
+                       max_size=5),
+       secret=st.sampled_from([None, b"s3cret"]))
+def test_no_bytes_from_a_peer_raise_out_of_the_loop_or_grow_its_buffer(chunks, secret):
+    """Whatever a handshaken peer sends, reading it raises nothing and keeps at most one line's bytes;
+    nothing it sends without a valid tag (with a secret) counts."""
+    hub, conn, far = _hub_with_peer(secret)
+    try:
+        for chunk in chunks:
+            if not chunk:
+                continue
+            far.sendall(chunk)
+            hub._read(conn)
+            assert len(conn.inbuf) <= jobwatch.MAX_LINE
+        if secret is not None:
+            assert hub.cause() is None and hub.states == {1: "running"}
+    finally:
+        hub.close()
+        far.close()

@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 
+import pytest
 from conftest import PYTHON, free_port, is_alive, launcher_env
 
 from launcher.cli import RENDEZVOUS_MARGIN
@@ -47,6 +48,7 @@ def run_second_host(tmp_path, port):
     return proc, time.monotonic() - start, (tmp_path / "output" / "failure").read_text()
 
 
+@pytest.mark.job
 def test_a_port_held_by_another_program_ends_the_launch(tmp_path):
     # Something accepts connections on the master's port and says nothing: torchrun's store client
     # would wait for as long as it stays open. The launcher ends it after the rendezvous timeout.
@@ -77,6 +79,7 @@ def test_a_port_held_by_another_program_ends_the_launch(tmp_path):
     assert report in proc.stderr
 
 
+@pytest.mark.job
 def test_a_master_that_never_answers_is_named(tmp_path):
     second_host(tmp_path)
     port = free_port()

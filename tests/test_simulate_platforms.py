@@ -212,7 +212,10 @@ def _job_case(platform: str) -> Any:
                         "a simulated host's launcher could not detect its platform"))
 
 
-@pytest.mark.parametrize("platform", [_job_case(p) for p in BUILDERS if p not in HPC])
+@pytest.mark.job
+@pytest.mark.lab
+# SageMaker's 2 x 2 job is tests/test_simulate.py::test_two_hosts_two_processes, which checks all this and more.
+@pytest.mark.parametrize("platform", [_job_case(p) for p in BUILDERS if p not in HPC and p != "sagemaker"])
 def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:
     records_dir, workdir = tmp_path / "records", str(tmp_path / "job")
     records_dir.mkdir()

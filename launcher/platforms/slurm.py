@@ -5,9 +5,10 @@ Where the host list becomes ``--node-rank``: the step's node list (``SLURM_STEP_
 host is the master; this node (``SLURMD_NODENAME``, else the host name) must be in it, and its
 index there must equal ``SLURM_NODEID``, the node rank.
 
-Processes per node: ``--nproc-per-node``, else ``SLURM_GPUS_ON_NODE``, else the GPUs the node shows,
-else 1. Master port: ``20000 + SLURM_JOB_ID % 10000`` (20000-29999, below Linux's ephemeral ports),
-so two jobs sharing a node do not clash; ``--master-port`` chooses another.
+Processes per node: ``SLURM_GPUS_ON_NODE``, else the GPUs the node shows, else 1 (``--nproc-per-node``
+overrides it: :func:`launcher.command.cluster_for`). Master port: ``20000 + SLURM_JOB_ID % 10000``
+(20000-29999, below Linux's ephemeral ports), so two jobs sharing a node do not clash;
+``--master-port`` chooses another.
 
 Wrong use is refused before anything starts: a step with several tasks on a node (``SLURM_LOCALID`` > 0,
 or more than one task per node in ``SLURM_STEP_TASKS_PER_NODE``, else ``SLURM_NTASKS_PER_NODE``): use
@@ -23,8 +24,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from launcher.cluster import Cluster
-from launcher.errors import ConfigError, shown
+from launcher.cluster import Cluster, is_host_name
+from launcher.errors import ConfigError, digits_value, shown
 from launcher.platforms.base import HostView, Platform, nproc_per_node, whole_number
 
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -42,7 +43,7 @@ def max_tasks_per_node(text: str, name: str) -> int:
     counts = []
     for item in text.split(","):
         match = _TASK_COUNT.match(item.strip())
-        if not match:
+        if not match or digits_value(match.group(1)) is None:
             raise ConfigError(f"{name} is not a SLURM task layout: {shown(text)}")
         counts.append(int(match.group(1)))
     return max(counts)
@@ -71,6 +72,9 @@ def read_hosts(environ: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
         hosts = hostlist.expand(environ[name])
     except hostlist.HostlistError as exc:
         raise ConfigError(f"{name} is not a SLURM host list ({exc}): {shown(environ[name])}") from None
+    bad = next((h for h in hosts if not is_host_name(h)), None)
+    if bad is not None:
+        raise ConfigError(f"{name}: {shown(bad)} is not a host name: {shown(environ[name])}")
     if len(set(hosts)) != len(hosts):
         duplicate = next(h for h in hosts if hosts.count(h) > 1)
         raise ConfigError(f"{name} names host {duplicate!r} twice: {shown(environ[name])}")

@@ -7,18 +7,22 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
+from launcher.errors import ConfigError
+from launcher.filereader import read_bounded
 from launcher.simulate.hosts import builder
 from launcher.simulate.run import HostRun, Simulation
+
+FAILURE_FILE_LIMIT = 1 << 20  # a host's failure report is at most the platform's limit (4 KiB)
 
 
 def _first_line(path: Optional[str]) -> str:
     if path is None:
         return ""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.readline().strip()
-    except OSError:
+        data = read_bounded(path, FAILURE_FILE_LIMIT, "") or b""
+    except ConfigError:  # not a regular file, or larger than any report: not the host's report
         return ""
+    return data.decode("utf-8", "replace").partition("\n")[0].strip()
 
 
 def _model_files(model_dir: Optional[str]) -> list[str]:
