@@ -38,6 +38,7 @@ names every module and only modules that exist):
 - ``outcome``: how torchrun ended, as the supervisor hands it on.
 - ``codes``: the classes of a run's outcome and their exit codes.
 - ``failure``: the root cause, the true exit code and the report for the platform.
+- ``report``: the verdict: the run's class and exit code, and the outcome file (``docs/outcome.schema.json``).
 - ``simulate/``: N hosts of a platform as N launcher processes on one machine (``ddp-launcher simulate``).
 
   - ``simulate/config``: simulate's command line and its checks.

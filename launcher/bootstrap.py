@@ -10,7 +10,7 @@ plain script (it imports nothing from the launcher and only the standard library
   ``if __name__ == "__main__"`` behave as under ``python script.py``;
 - when the script ends, before interpreter teardown, writes the code it asked for (``SystemExit``'s
   code, 1 for an uncaught exception, 0 for a normal end) to ``$DDP_LAUNCHER_EXIT_DIR/<pid>.json``
-  together with how far its stderr had got, then lets teardown run (atexit handlers, thread joins).
+  with how far its stderr had got and when the worker started, then lets teardown run (atexit handlers, thread joins).
 
 A crash later in teardown (torch's threads aborting: "terminate called without an active exception")
 then changes what torchrun sees, but not what the launcher reports (see ``launcher.failure``).
@@ -22,8 +22,10 @@ import json
 import os
 import stat
 import sys
+import time
 
 EXIT_DIR_VARIABLE = "DDP_LAUNCHER_EXIT_DIR"
+STARTED = time.time()  # the worker's start: the rendezvous was complete
 
 
 def _stderr_offset():
@@ -37,14 +39,14 @@ def _stderr_offset():
 
 
 def _record(code):
-    """Write ``{"code", "stderr_offset"}`` for this process, atomically; never fails the script."""
+    """Write ``{"code", "stderr_offset", "started"}`` for this process, atomically; never fails the script."""
     directory = os.environ.get(EXIT_DIR_VARIABLE)
     if not directory:
         return
     path = os.path.join(directory, f"{os.getpid()}.json")
     try:
         with open(path + ".tmp", "w") as fh:
-            json.dump({"code": code, "stderr_offset": _stderr_offset()}, fh)
+            json.dump({"code": code, "stderr_offset": _stderr_offset(), "started": STARTED}, fh)
         os.replace(path + ".tmp", path)
     except OSError:
         pass

@@ -11,11 +11,20 @@ The launcher runs once on every host. It finds the platform (below), works out t
 this node's rank, the master and the processes per node, and starts one torchrun with the script
 and its arguments untouched. What it would start, and why, is printed by --dry-run.
 
-Exit codes: 0 when every worker succeeded; else the root-cause worker's own exit code, 128+N when
-it died of signal N, 128+N when the launcher was stopped by signal N and the workers did not finish
-cleanly, 2 for bad input (nothing is started then). With several nodes the launchers watch each
-other (launcher/jobwatch.py): when another host's workers fail, every host exits with that root
-cause's code and its report starts with it; a lost host (silent, or gone without a word) gives 137.
+Exit codes, by class (launcher/codes.py; the outcome file names the class, see --outcome-file):
+  0      success        every worker succeeded
+  N      worker_exit    the root-cause worker's own code (sys.exit(N); 1 for an exception), kept when
+                        it then crashed in interpreter teardown
+  128+N  worker_signal  the root-cause worker died of signal N (137: SIGKILL, e.g. the OOM killer)
+  137    host_lost      another host went silent or vanished (several nodes: the job watch)
+  124    hang           no rank made progress for the hang timeout
+  75     rendezvous     the hosts never completed the rendezvous
+  128+N  stopped        the launcher got signal N and the workers did not finish cleanly
+  2      bad_input      bad files, variables or options; nothing was started
+  70     internal       the launcher's own error
+Retry host_lost, rendezvous and stopped; never the others. With several nodes the launchers watch
+each other (launcher/jobwatch.py): when another host fails, every host exits with that root cause's
+code and its report starts with it.
 """
 
 from __future__ import annotations
@@ -24,10 +33,11 @@ import json
 import os
 import shlex
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from launcher import platforms, streams
+from launcher import codes, platforms, report, streams
 from launcher.cluster import Cluster
 from launcher.command import (
     Launch,
@@ -42,6 +52,7 @@ from launcher.command import (
 from launcher.errors import ConfigError, shown
 from launcher.options import Invocation, Options, help_text, parse_invocation
 from launcher.platforms.base import Attempt, HostView, look_once
+from launcher.report import Clock, Verdict
 
 PROG = "ddp-launcher"
 RENDEZVOUS_MARGIN = 10.0  # seconds past --rdzv-timeout before a torchrun with no worker is ended
@@ -197,12 +208,31 @@ def printable(line: str) -> str:
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in line)
 
 
-def run(p: Plan, environ: Mapping[str, str]) -> int:
+def run(p: Plan, environ: Mapping[str, str], clock: Optional[Clock] = None) -> int:
     """Start and supervise torchrun; report the outcome. Returns the launcher's exit code.
 
     The run directory (made by :func:`make_run_dir`) is removed at the end, or by the watchdog
-    after it killed the job if the launcher itself is killed.
+    after it killed the job if the launcher itself is killed. The outcome file is written at the end
+    of every run (:mod:`launcher.report`), also when the launcher itself failed.
     """
+    clock = clock or Clock(time.time())
+    verdict = Verdict(codes.INTERNAL, codes.INTERNAL_CODE, root_cause="the launcher failed")
+    try:
+        verdict, clock = _run(p, environ, clock)
+        return verdict.code
+    except Exception as exc:  # the launcher's own error: said, classed and written down like any other end
+        import traceback
+
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        streams.write(sys.stderr, text)
+        verdict = verdict._replace(root_cause=f"{p.cluster.current_host}: the launcher failed (exit code "
+                                              f"{codes.INTERNAL_CODE})", exception=text.splitlines()[-1])
+        return codes.INTERNAL_CODE
+    finally:
+        write_outcome_file(p, environ, verdict, clock)
+
+
+def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Clock]:
     from launcher import failure, proctree  # not needed by --dry-run: imported here to keep start-up short
     from launcher.logspace import disk_full_note
     from launcher.supervise import supervise
@@ -219,7 +249,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             wait_for_names(names, p.invocation.options.resolve, float(p.invocation.options.rdzv_timeout), log)
         except ConfigError as exc:
             streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
-            return 2
+            return Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=str(exc)), clock
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
     watchdog = proctree.Watchdog(log)  # forked before any pipe exists: it holds none of them
@@ -241,14 +271,17 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             log("hang detection off: with several hosts it needs the job watch")
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
         rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 else None
+        clock = clock._replace(torchrun=time.time())
         outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch,
                             rendezvous_timeout, hangs)
         if hangs is not None:
             hangs.close()  # a hang being decided is finished first
+        clock = clock._replace(first_worker=failure.first_worker_start(p.launch.exit_dir))
         cause = failure.find_root_cause(outcome, p.launch)
-        code = failure.exit_code(outcome, cause)
+        klass = report.classify(outcome, cause, failure.exit_code(outcome, cause))
+        code = report.code_of(klass, failure.exit_code(outcome, cause))
         limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
-        report = ""
+        text = ""
         if code != 0:
             rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "
                           f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
@@ -257,33 +290,39 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
 
                 master = address_of(c.master_addr or "", options.resolve)
                 rendezvous += ": " + no_rendezvous_reason(master, master_port(c, options), c.node_rank)
-            report = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
+            text = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
             full = disk_full_note(p.launch.run_dir)  # the true cause of a failure nothing else explains
             if full:
-                head, _, rest = report.partition("\n")
-                report = "\n".join(line for line in (head, full, rest) if line)[:limit]
-        if hangs is not None and hangs.verdict:
-            from launcher import codes
-
-            code, report = codes.HANG_CODE, hangwatch.report(hangs, limit)
+                head, _, rest = text.partition("\n")
+                text = "\n".join(line for line in (head, full, rest) if line)[:limit]
+        verdict = report.own_verdict(klass, code, outcome, cause, text, c.current_host)
+        if hangs is not None and hangs.verdict:  # no progress anywhere: node 0's verdict, the same on every host
+            code, text = codes.HANG_CODE, hangwatch.report(hangs, limit)
+            rank, host = hangs.culprit
+            verdict = report.Verdict(codes.HANG, code, rank=rank, root_cause=text.split("\n", 1)[0],
+                                     root_cause_host=host)
         if watch is not None:  # the job's root cause first, its exit code, wherever it happened
             from launcher.jobwatch import conclude
 
-            if hangs is not None and hangs.verdict:  # every host has node 0's verdict: tell, and keep it
-                watch.finish(code, report, True)
+            if hangs is not None and hangs.verdict:  # tell the others; every host has the same verdict
+                watch.finish(code, text, True)
             else:
-                code, report = conclude(watch, c.current_host, outcome, cause, code, report)
+                code, text = conclude(watch, c.current_host, outcome, cause, code, text)
+                event = watch.cause()
+                if event is not None and event.host != c.current_host and text.startswith(event.report + "\nthen "):
+                    verdict = report.remote_verdict(verdict, event.kind, event.host, event.code, event.report)
+                verdict = verdict._replace(code=code, root_cause=text.split("\n", 1)[0])
         if code != 0:
             notes = []
             path = p.choice.platform.report_path(environ)
             if path is not None:
-                problem = failure.write_failure_file(path, report, limit)
+                problem = failure.write_failure_file(path, text, limit)
                 if problem:
                     notes.append(f"[{PROG}] could not write the failure report to {path}: {problem}")
-            failure.print_report(report, notes)
+            failure.print_report(text, notes)
         elif outcome.stop_signal is not None:
             log("stopped by a signal; every worker finished cleanly")
-        return code
+        return verdict, clock
     finally:
         if watch is not None:
             watch.close()
@@ -294,6 +333,27 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         shutil.rmtree(p.launch.run_dir, ignore_errors=True)
         watchdog.release()
         proctree.reap_children()
+
+
+def outcome_path(options: Optional[Options], platform: Optional[platforms.Platform],
+                 environ: Mapping[str, str]) -> Optional[str]:
+    """Where the outcome file goes: ``--outcome-file``, else the platform's place (None: nowhere)."""
+    if options is not None and options.outcome_file:
+        return options.outcome_file
+    return platform.outcome_path(environ) if platform is not None else None
+
+
+def write_outcome_file(p: Plan, environ: Mapping[str, str], verdict: Verdict, clock: Clock) -> None:
+    """Write this run's outcome file, if it has a place; a failure to write it is one stderr line."""
+    path = outcome_path(p.invocation.options, p.choice.platform, environ)
+    if path is None:
+        return
+    c = p.cluster
+    data = report.outcome_data(verdict, clock._replace(ended=time.time()), c.current_host, c.node_rank,
+                               c.nnodes, c.platform)
+    problem = report.write_outcome(path, data)
+    if problem:
+        log(f"could not write the outcome file {path}: {problem}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -318,14 +378,35 @@ def _main(args: list[str]) -> int:
         streams.write(sys.stdout, help_text(__doc__, platforms.help_rows(), platforms.argv_help()) + "\n")
         return 0
     environ = dict(os.environ)
+    clock = Clock(time.time())
     try:
         p = plan(args, environ)
         if not p.invocation.options.dry_run:
             make_run_dir(p.launch.run_dir)
     except ConfigError as exc:
         streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
-        return 2
+        _bad_input_outcome(args, environ, str(exc), clock)
+        return codes.BAD_INPUT_CODE
     if p.invocation.options.dry_run:
         streams.write(sys.stdout, describe(p, p.invocation.options.json) + "\n")
         return 0
-    return run(p, environ)
+    return run(p, environ, clock)
+
+
+def _bad_input_outcome(args: Sequence[str], environ: Mapping[str, str], message: str, clock: Clock) -> None:
+    """The outcome file of a run refused for bad input, where it can still be placed: ``--outcome-file``
+    if the options parse, else ``LAUNCHER_OUTCOME_FILE``, else the detected platform's place."""
+    platform = options = None
+    try:
+        platform = platforms.choose(environ).platform
+        options = parse_invocation(platform.prepare_argv(args, environ, []), environ).options
+    except ConfigError:
+        pass
+    path = outcome_path(options, platform, environ) if options else (
+        environ.get("LAUNCHER_OUTCOME_FILE") or (platform.outcome_path(environ) if platform else None))
+    if path:
+        verdict = Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=message.split("\n", 1)[0])
+        problem = report.write_outcome(path, report.outcome_data(verdict, clock._replace(ended=time.time()),
+                                                                 None, None, None, platform.name if platform else None))
+        if problem:
+            log(f"could not write the outcome file {path}: {problem}")

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, Optional
 
 from launcher.cluster import Cluster
+from launcher.codes import RENDEZVOUS_CODE
 from launcher.command import Launch
 from launcher.errors import ConfigError
 from launcher.filereader import read_bounded
@@ -51,6 +52,7 @@ _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|
 # any of them nested; then a C++ log template ("[W1125 03:04:05.123 pid file.cpp:12] ...") marks a log line.
 _LINE_PREFIX = re.compile(r"^\s*\[[A-Za-z_]*\d+\]:[ \t]?")
 _LOG_TEMPLATE = re.compile(r"^\s*\[[IWEF]\d{4} ")
+_NOISE = re.compile(r"^\s*\[[IW]\d{4} ")  # C++ info and warning lines: never part of a report
 
 
 class RootCause(NamedTuple):
@@ -199,7 +201,7 @@ TEARDOWN_BYTES = 4096  # how much of a worker's stderr after its script ended is
 
 
 def read_exit_record(exit_dir: str, pid: int) -> Optional[dict[str, Any]]:
-    """``{"code", "stderr_offset"}`` that :mod:`launcher.bootstrap` wrote for worker ``pid``, if any."""
+    """``{"code", "stderr_offset", "started"}`` that :mod:`launcher.bootstrap` wrote for worker ``pid``."""
     raw = _read_bounded(os.path.join(exit_dir, f"{pid}.json"), 1024)
     try:
         data = json.loads(raw) if raw is not None else None
@@ -207,8 +209,20 @@ def read_exit_record(exit_dir: str, pid: int) -> Optional[dict[str, Any]]:
         return None
     if not isinstance(data, dict) or type(data.get("code")) is not int or not 0 <= data["code"] <= 255:
         return None
-    offset = data.get("stderr_offset")
-    return {"code": data["code"], "stderr_offset": offset if type(offset) is int and offset >= 0 else None}
+    offset, started = data.get("stderr_offset"), data.get("started")
+    return {"code": data["code"], "stderr_offset": offset if type(offset) is int and offset >= 0 else None,
+            "started": float(started) if isinstance(started, (int, float)) and started > 0 else None}
+
+
+def first_worker_start(exit_dir: str, limit: int = 4096) -> Optional[float]:
+    """When the earliest worker that recorded its code started (``time.time()``): the rendezvous was done."""
+    try:
+        names = sorted(os.listdir(exit_dir))[:limit]
+    except OSError:
+        return None
+    starts = [record["started"] for name in names if name.endswith(".json") and name[:-5].isdigit()
+              for record in [read_exit_record(exit_dir, int(name[:-5]))] if record and record["started"]]
+    return min(starts) if starts else None
 
 
 def _stderr_after(path: Optional[str], offset: Optional[int]) -> str:
@@ -320,7 +334,7 @@ def exit_code(outcome: Outcome, cause: Optional[RootCause]) -> int:
     if outcome.stop_signal is not None:
         return 128 + outcome.stop_signal
     if outcome.no_rendezvous:
-        return 1  # torchrun's own code for a failed rendezvous; the launcher, not a signal, ended it
+        return RENDEZVOUS_CODE  # the launcher, not a signal, ended torchrun: a temporary failure
     if cause is not None and cause.asked is not None:
         return cause.asked  # the script's own code survives a crash in teardown
     code = cause.exitcode if cause is not None and cause.exitcode else outcome.returncode
@@ -359,7 +373,7 @@ def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause
         lines.append(cause.exception[:300])
     text = "\n".join(lines)
     detail = [strip_prefixes(ln) for ln in (cause.detail.splitlines() if cause else [])]
-    detail = [ln for ln in detail if ln.strip() and not _is_marker(ln)]
+    detail = [ln for ln in detail if ln.strip() and not _is_marker(ln) and not _NOISE.match(ln)]
     tail: list[str] = []
     budget = limit - len(text) - 1
     for line in reversed(detail):

@@ -206,6 +206,13 @@ def odd_ones_out(positions: Mapping[int, Position]) -> list[Position]:
     return [p for p in groups if p is not biggest]
 
 
+def culprit_rank(positions: Mapping[int, Position]) -> Optional[int]:
+    """The one rank that stands out, when exactly one does."""
+    odd = set(odd_ones_out(positions))
+    ranks = [rank for rank, pos in same_place(positions).items() if pos in odd]
+    return ranks[0] if len(ranks) == 1 else None
+
+
 def culprit_sentence(positions: Mapping[int, Position], hosts: Mapping[int, str], silent_for: float,
                      expected: Iterable[int] = ()) -> str:
     """``hang: no progress for 300 s; rank 3 (algo-2) at train.py:57 in load_batch; ranks 0-2, 4-7 in

@@ -70,6 +70,7 @@ class HangWatch:
         self.watch, self.node = watch, node
         self.nccl_env: Mapping[str, str] = {}  # the workers' environment, when it has the Flight Recorder's pipe
         self.verdict: Optional[str] = None  # the culprit sentence once a hang was decided
+        self.culprit: tuple[Optional[int], Optional[str]] = (None, None)  # the rank that stands out, its host
         self.details: list[str] = []  # one line per rank of this host: where it was
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
@@ -216,8 +217,10 @@ class HangWatch:
                 for pos, ranks in reply["groups"]:
                     positions.update({rank: pos for rank in ranks})
         sentence = hang.culprit_sentence(positions, hosts, silent, expected | self._expected_remote(others))
+        rank = hang.culprit_rank(positions)
+        self.culprit = (rank, hosts.get(rank) if rank is not None else None)
         if others:
-            self._post({"phase": "verdict", "text": sentence})
+            self._post({"phase": "verdict", "text": sentence, "rank": rank, "host": self.culprit[1]})
         self._conclude(sentence)
 
     def _follow(self) -> bool:
@@ -243,6 +246,8 @@ class HangWatch:
                 positions = self._dump(self._workers())
                 self._post({"phase": "stacks", "ranks": ranks, "groups": _write_groups(positions)})
             elif phase == "verdict":
+                rank, host = message.get("rank"), message.get("host")
+                self.culprit = (rank if isinstance(rank, int) else None, str(host)[:100] if host else None)
                 self._conclude(str(message.get("text", ""))[:1000] or "hang: (no verdict text)")
                 return True
         return False

@@ -83,6 +83,12 @@ def parse_bool(text: str) -> bool:
     raise ValueError
 
 
+def _path(text: str) -> str:
+    if not text or "\0" in text:
+        raise ValueError
+    return text
+
+
 def parse_resolve(text: str) -> dict[str, str]:
     """``algo-1=127.0.0.1,algo-2=127.0.0.1`` -> a host-name-to-address map."""
     mapping: dict[str, str] = {}
@@ -161,6 +167,10 @@ SPECS: tuple[Spec, ...] = (
     Spec("resolve", parse_resolve, {}, "HOST=ADDR[,HOST=ADDR...]",
          "addresses for host names this machine cannot resolve (simulated hosts; /etc/hosts is never "
          "touched)", metavar="HOST=ADDR,..."),
+    Spec("outcome_file", _path, None, "a path",
+         "write the run's outcome as JSON (class, exit code, root cause, durations) to this file at the end "
+         "of every run; default the platform's place (SageMaker: output/data/outcome.json), else none",
+         metavar="PATH"),
     Spec("dry_run", parse_bool, False, "true or false", "print what would be launched and exit"),
     Spec("json", parse_bool, False, "true or false", "with --dry-run: print it as JSON"),
 )
@@ -184,6 +194,7 @@ class Options(NamedTuple):
     no_job_watch: bool
     hang_timeout: float
     resolve: dict
+    outcome_file: Optional[str]
     dry_run: bool
     json: bool
 

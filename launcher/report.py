@@ -1,0 +1,175 @@
+"""The verdict of a run: its class and exit code (:mod:`launcher.codes`), and the outcome file.
+
+The outcome file is a small JSON object (``launcher/outcome.schema.json``) written atomically at the
+end of every run, success included, on every host: where ``--outcome-file`` says, else where the
+platform keeps its output (SageMaker: ``$SAGEMAKER_BASE_DIR/output/data/outcome.json``, uploaded to S3
+with the job's output). A retry policy reads ``class`` (or ``infrastructure``) instead of guessing
+from an exit code that two classes can share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Optional
+
+from launcher import __version__, codes
+from launcher.outcome import Outcome
+
+SCHEMA = "ddp-launcher-outcome/1"
+# torchrun failed before any worker: a rendezvous that broke or never formed (its words, or the launcher's)
+_RENDEZVOUS = re.compile(r"rendezvous|DistNetworkError|DistStoreError|RendezvousError", re.IGNORECASE)
+
+_SIGNAL_IN_HEAD = re.compile(r"(?:was killed by|stopped by) (SIG[A-Z0-9]+)")
+
+
+class Clock(NamedTuple):
+    """When the run's steps happened (``time.time()``): the launcher's start, torchrun's start, the end."""
+
+    started: float
+    torchrun: Optional[float] = None
+    first_worker: Optional[float] = None  # the earliest worker start recorded (the rendezvous was done)
+    ended: Optional[float] = None
+
+
+class Verdict(NamedTuple):
+    """What one host says about the run: its class and exit code, and the facts the outcome file holds."""
+
+    klass: str
+    code: int
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    signal: Optional[str] = None  # the signal that ended the root-cause worker, or that stopped the launcher
+    root_cause: str = ""  # the report's first line ("" on success)
+    exception: str = ""
+    root_cause_host: Optional[str] = None  # the job's root-cause host (this one, or another)
+
+
+def classify(outcome: Outcome, cause: Any, code: int) -> str:
+    """This host's own class, from how torchrun ended and the root cause (:class:`launcher.failure.RootCause`)."""
+    if code == 0:
+        return codes.SUCCESS
+    if outcome.stop_signal is not None:
+        return codes.STOPPED
+    if outcome.no_rendezvous:
+        return codes.RENDEZVOUS
+    if cause is None or cause.rank is None:  # torchrun failed before or around the workers
+        return codes.RENDEZVOUS if cause is not None and _RENDEZVOUS.search(cause.exception) else codes.WORKER_EXIT
+    if cause.asked is None and cause.exitcode is not None and cause.exitcode < 0:
+        return codes.WORKER_SIGNAL
+    return codes.WORKER_EXIT
+
+
+def code_of(klass: str, code: int) -> int:
+    """The exit code of a class: the fixed code of a class that has one, else ``code`` (the worker's)."""
+    return {codes.RENDEZVOUS: codes.RENDEZVOUS_CODE, codes.HOST_LOST: codes.HOST_LOST_CODE,
+            codes.HANG: codes.HANG_CODE, codes.BAD_INPUT: codes.BAD_INPUT_CODE,
+            codes.INTERNAL: codes.INTERNAL_CODE}.get(klass, code)
+
+
+def remote_class(kind: str, code: int, head: str) -> str:
+    """The class of another host's root cause, from the job watch's event: a loss, or its report's head."""
+    if kind == "lost":
+        return codes.HOST_LOST
+    first = head.split("\n", 1)[0]
+    if code == codes.HANG_CODE and "hang" in first:
+        return codes.HANG
+    if code == codes.RENDEZVOUS_CODE and "rendezvous" in first:
+        return codes.RENDEZVOUS
+    if ": stopped by " in first:
+        return codes.STOPPED
+    if " was killed by " in first:
+        return codes.WORKER_SIGNAL
+    return codes.WORKER_EXIT
+
+
+def _rounded(later: Optional[float], earlier: Optional[float]) -> Optional[float]:
+    return round(later - earlier, 3) if later is not None and earlier is not None and later >= earlier else None
+
+
+def _utc(stamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp % 1 * 1000):03d}Z"
+
+
+def outcome_data(verdict: Verdict, clock: Clock, host: Optional[str], node_rank: Optional[int],
+                 nnodes: Optional[int], platform: Optional[str]) -> dict[str, Any]:
+    """The outcome file's object (see ``launcher/outcome.schema.json``)."""
+    ended = clock.ended if clock.ended is not None else time.time()
+    return {
+        "schema": SCHEMA,
+        "class": verdict.klass,
+        "exit_code": verdict.code,
+        "infrastructure": verdict.klass in codes.INFRASTRUCTURE,
+        "host": host, "node_rank": node_rank, "nnodes": nnodes, "platform": platform,
+        "rank": verdict.rank, "local_rank": verdict.local_rank, "signal": verdict.signal,
+        "root_cause": verdict.root_cause[:1000], "exception": verdict.exception[:1000],
+        "root_cause_host": verdict.root_cause_host,
+        "started_at": _utc(clock.started), "ended_at": _utc(ended),
+        "durations": {"start": _rounded(clock.torchrun, clock.started),
+                      "rendezvous": _rounded(clock.first_worker, clock.torchrun),
+                      "total": round(max(0.0, ended - clock.started), 3)},
+        "launcher_version": __version__,
+    }
+
+
+def write_outcome(path: str, data: Mapping[str, Any]) -> Optional[str]:
+    """Write ``data`` as JSON to ``path`` atomically (a temporary file renamed over it); never raises.
+
+    Returns None when written, else why not (one line).
+    """
+    import tempfile
+
+    text = json.dumps(data, indent=2, ensure_ascii=True) + "\n"
+    try:
+        directory = os.path.dirname(path) or "."
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".outcome.", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"[:300]
+    return None
+
+
+def own_verdict(klass: str, code: int, outcome: Outcome, cause: Any, text: str, host: str) -> Verdict:
+    """This host's verdict from its own evidence (``cause``: :class:`launcher.failure.RootCause`)."""
+    import signal as signals
+
+    def name(number: int) -> str:
+        try:
+            return signals.Signals(number).name
+        except ValueError:
+            return f"signal {number}"
+
+    if klass == codes.SUCCESS:
+        return Verdict(klass, code)
+    signal = None
+    if outcome.stop_signal is not None:
+        signal = name(outcome.stop_signal)
+    elif cause is not None and cause.exitcode is not None and cause.exitcode < 0:
+        signal = name(-cause.exitcode)
+    rank = cause.rank if cause is not None else None
+    local_rank = cause.local_rank if cause is not None else None
+    return Verdict(klass, code, rank, local_rank, signal, text.split("\n", 1)[0],
+                   cause.exception if cause is not None else "", host)
+
+
+def remote_verdict(own: Verdict, kind: str, host: str, code: int, head: str) -> Verdict:
+    """The verdict when another host's failure or loss is the job's root cause: its class and code."""
+    first = head.split("\n", 1)[0]
+    named = _SIGNAL_IN_HEAD.search(first) if kind != "lost" else None
+    return Verdict(remote_class(kind, code, head), code, None, None, named.group(1) if named else None, first,
+                   head.split("\n")[1] if kind != "lost" and "\n" in head else "", host)
