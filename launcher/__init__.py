@@ -47,6 +47,7 @@ names every module and only modules that exist):
   - ``simulate/netns``: each host its own network namespace (``--network netns``).
   - ``simulate/become``: how a host's first process takes the host's name and files (the one place).
   - ``simulate/slurm_lab``: a real SLURM cluster on this machine (the tests' and ``tools/slurm_lab.py``'s).
+  - ``simulate/faults``: the transient faults' deeds (stopped processes, a CPU quota, busy loops).
   - ``simulate/hosts/``: the registry of host builders (``BUILDERS``).
   - ``simulate/hosts/base``: what every builder shares (``HostSpec``, the job environment, the workdir).
   - ``simulate/hosts/kubernetes``: what Kubernetes gives every container (both Kubeflow builders).

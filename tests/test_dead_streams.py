@@ -28,6 +28,7 @@ COMMANDS = {  # name -> (argv after `python -m launcher`, the exit code it must 
     "simulate summary": (["simulate", "--hosts", "1", "--network", "loopback", "--workdir", "sim", "--",
                           "fail7.py"], 7),
 }
+JOBS = {"failure report", "simulate summary"}  # these start torchrun: the job tier
 STATES = ["stdout closed", "stderr closed", "stdout reader gone", "stderr reader gone"]
 
 
@@ -52,7 +53,7 @@ def run(tmp_path, argv, state):
 
 
 @pytest.mark.parametrize("state", STATES)
-@pytest.mark.parametrize("name", COMMANDS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.job) if n in JOBS else n for n in COMMANDS])
 def test_every_output_path_survives_a_dead_stream(tmp_path, name, state):
     argv, expected = COMMANDS[name]
     code, seen = run(tmp_path, argv, state)

@@ -20,7 +20,15 @@ import time
 
 import pytest
 from conftest import PYTHON, REPO, assert_gone, is_alive
-from test_guarantees_processes import LONG_RUN, WORKER, Job, children, comm, start
+from test_guarantees_processes import (  # noqa: F401 (an autouse fixture: a failed test's job is ended)
+    LONG_RUN,
+    WORKER,
+    Job,
+    children,
+    comm,
+    end_what_a_failed_test_left,
+    start,
+)
 from test_launcher_processes import make_host, records, wait_for_records
 
 ESCAPING = os.path.join(REPO, "tests", "scripts", "escaping_worker.py")
@@ -64,6 +72,7 @@ def wait_for_daemons(base, ranks: int, timeout: float = 120.0) -> dict[str, int]
     pytest.fail(f"the daemons did not all start: {sorted(found)}")
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("kill", ["launcher alone", "launcher's process group"])
 def test_no_daemon_escapes_whatever_it_changes(tmp_path, kill):
     base = make_host(tmp_path, "algo-1", ["algo-1"])
@@ -93,6 +102,7 @@ def the_watchdog(launcher: int) -> int:
     return found[0]
 
 
+@pytest.mark.job
 def test_losing_the_watchdog_costs_a_warning_not_the_job(tmp_path):
     base = make_host(tmp_path, "algo-1", ["algo-1"])
     proc = start(base, [WORKER, "--steps", "60", "--step-sleep", "0.1"])
@@ -108,6 +118,7 @@ def test_losing_the_watchdog_costs_a_warning_not_the_job(tmp_path):
     assert all(r["steps_done"] == 60 for r in records(base).values())
 
 
+@pytest.mark.job
 def test_watchdog_then_launcher_killed_torchrun_ends_the_workers(tmp_path):
     base = make_host(tmp_path, "algo-1", ["algo-1"])
     proc = start(base, [WORKER, *LONG_RUN])

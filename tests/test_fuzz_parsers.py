@@ -385,3 +385,42 @@ def test_read_bounded_returns_the_bytes_or_refuses_by_size(tmp_path_factory, con
         assert len(content) > limit and "larger than" in str(err)
     else:
         assert data == content and len(content) <= limit
+
+
+# simulate's --fault HOST:KIND:AFTER[:SECONDS]: any text is a Fault or a one-line ConfigError, and every
+# well-formed spec means what it says.
+FAULT_HOSTS = ("algo-1", "algo-2")
+_fault_kinds = st.sampled_from(["SIGKILL", "term", "9", "partition", "poweroff", "blip", "pause", "vmpause",
+                                "starve", "saturate", "SIGNOPE", ""])
+_fault_numbers = st.one_of(_numbers, st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                           st.integers(-3, 10**6).map(lambda n: f"step={n}"))
+
+
+@FUZZ
+@given(st.one_of(st.lists(st.one_of(_hosts, _fault_kinds, _fault_numbers, _text), min_size=0, max_size=6)
+                 .map(":".join), _text))
+def test_fault_specs_any_text(text):
+    from launcher.simulate import Fault, parse_fault
+
+    try:
+        fault = parse_fault(text, FAULT_HOSTS)
+    except ConfigError as err:
+        check_message(err)
+        return
+    assert isinstance(fault, Fault) and fault.host in FAULT_HOSTS
+    assert (fault.after is None) != (fault.step is None)
+    assert fault.after is None or 0 <= fault.after < math.inf
+    assert (fault.seconds is not None) == fault.transient == (len(text.split(":")) == 4)
+    assert fault.seconds is None or 0 < fault.seconds < math.inf
+
+
+@FUZZ
+@given(st.sampled_from(FAULT_HOSTS), st.sampled_from(["blip", "pause", "vmpause", "starve", "saturate"]),
+       st.one_of(st.floats(0, 86400), st.integers(0, 10**6).map(lambda n: f"step={n}")),
+       st.floats(0.001, 86400))
+def test_transient_fault_specs_mean_what_they_say(host, kind, after, seconds):
+    from launcher.simulate import Fault, parse_fault
+
+    fault = parse_fault(f"{host}:{kind}:{after}:{seconds!r}", FAULT_HOSTS)
+    when = {"step": int(after[5:])} if isinstance(after, str) else {"after": after}
+    assert fault == Fault(host, 0, kind=kind, seconds=seconds, **when) and fault.transient

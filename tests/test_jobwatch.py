@@ -394,9 +394,10 @@ def test_a_slow_sender_and_a_half_open_connection_are_dropped(watches, monkeypat
     half = raw_client(watches.port, hello=False)
     half.shutdown(socket.SHUT_WR)
     try:
-        for byte in b'{"t":"hello"':
-            slow.sendall(bytes([byte]))
-            time.sleep(0.1)
+        with contextlib.suppress(OSError):  # dropped half-way: what should happen
+            for byte in b'{"t":"hello"':
+                slow.sendall(bytes([byte]))
+                time.sleep(0.1)
         until(lambda: not hub.conns)
         assert hub.cause() is None and hub.thread.is_alive()
     finally:
@@ -472,7 +473,8 @@ def test_clients_find_the_hub_on_the_next_candidate_port_when_the_first_is_taken
 
 HOSTS = ["algo-1", "algo-2"]
 LONG_RUN = ["--steps", "100000", "--step-sleep", "0.05"]
-JOB_BOUND = 12.0  # seconds from the fault until every process has exited (a loaded 2-core machine)
+JOB_BOUND = 30.0  # s from the fault until every process exited: ~1.5 s quiet, ~8 s of torchrun shutdown at load 40
+# (unstopped, the job would run for minutes)
 
 
 class TwoHosts:
