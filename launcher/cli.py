@@ -181,24 +181,43 @@ def run(p: Plan, environ: Mapping[str, str], clock: Optional[Clock] = None) -> i
     after it killed the job if the launcher itself is killed. The outcome file is written at the end
     of every run (:mod:`launcher.report`), also when the launcher itself failed.
     """
+    from launcher import failure
+
     clock = clock or Clock(time.time())
-    verdict = Verdict(codes.INTERNAL, codes.INTERNAL_CODE, root_cause="the launcher failed")
+    text = ""
     try:
-        verdict, clock = _run(p, environ, clock)
-        return verdict.code
+        verdict, clock, text = _run(p, environ, clock)
     except Exception as exc:  # the launcher's own error: said, classed and written down like any other end
         import traceback
 
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        streams.write(sys.stderr, text)
-        verdict = verdict._replace(root_cause=f"{p.cluster.current_host}: the launcher failed (exit code "
-                                              f"{codes.INTERNAL_CODE})", exception=text.splitlines()[-1])
-        return codes.INTERNAL_CODE
-    finally:
-        write_outcome_file(p, environ, verdict, clock)
+        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        streams.write(sys.stderr, trace)
+        verdict = Verdict(codes.INTERNAL, codes.INTERNAL_CODE, root_cause=f"{p.cluster.current_host}: the launcher "
+                          f"failed (exit code {codes.INTERNAL_CODE})", exception=trace.splitlines()[-1])
+    notes = []
+    path = outcome_path(p.invocation.options, p.choice.platform, environ)
+    if path is not None:
+        c = p.cluster
+        data = report.outcome_data(verdict, clock._replace(ended=time.time()), c.current_host, c.node_rank,
+                                   c.nnodes, c.platform)
+        problem = report.write_outcome(path, data)
+        if problem:
+            notes.append(f"[{PROG}] could not write the outcome file {path}: {problem}")
+    if text:
+        limit = p.choice.platform.report_limit or failure.REPORT_LIMIT
+        where = p.choice.platform.report_path(environ)
+        if where is not None:
+            problem = failure.write_failure_file(where, text, limit)
+            if problem:
+                notes.append(f"[{PROG}] could not write the failure report to {where}: {problem}")
+        failure.print_report(text, notes)  # the report ends stderr
+    else:
+        for note in notes:
+            streams.write(sys.stderr, note + "\n")
+    return verdict.code
 
 
-def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Clock]:
+def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Clock, str]:
     from launcher import failure, proctree  # not needed by --dry-run: imported here to keep start-up short
     from launcher.supervise import supervise
 
@@ -214,7 +233,7 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
             wait_for_names(names, p.invocation.options.resolve, float(p.invocation.options.rdzv_timeout), log)
         except ConfigError as exc:
             streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
-            return Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=str(exc)), clock
+            return Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=str(exc)), clock, ""
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
     watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
@@ -256,17 +275,9 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
             if event is not None and event.host != c.current_host and text.startswith(event.report + "\nthen "):
                 verdict = report.remote_verdict(verdict, event.kind, event.host, event.code, event.report)
             verdict = verdict._replace(code=code, root_cause=text.split("\n", 1)[0])
-        if code != 0:
-            notes = []
-            path = p.choice.platform.report_path(environ)
-            if path is not None:
-                problem = failure.write_failure_file(path, text, limit)
-                if problem:
-                    notes.append(f"[{PROG}] could not write the failure report to {path}: {problem}")
-            failure.print_report(text, notes)
-        elif outcome.stop_signal is not None:
+        if code == 0 and outcome.stop_signal is not None:
             log("stopped by a signal; every worker finished cleanly")
-        return verdict, clock
+        return verdict, clock, text if code != 0 else ""
     finally:
         if watch is not None:
             watch.close()
@@ -283,19 +294,6 @@ def outcome_path(options: Optional[Options], platform: Optional[platforms.Platfo
     if options is not None and options.outcome_file:
         return options.outcome_file
     return platform.outcome_path(environ) if platform is not None else None
-
-
-def write_outcome_file(p: Plan, environ: Mapping[str, str], verdict: Verdict, clock: Clock) -> None:
-    """Write this run's outcome file, if it has a place; a failure to write it is one stderr line."""
-    path = outcome_path(p.invocation.options, p.choice.platform, environ)
-    if path is None:
-        return
-    c = p.cluster
-    data = report.outcome_data(verdict, clock._replace(ended=time.time()), c.current_host, c.node_rank,
-                               c.nnodes, c.platform)
-    problem = report.write_outcome(path, data)
-    if problem:
-        log(f"could not write the outcome file {path}: {problem}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
