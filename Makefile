@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 VENV_V3  ?= .venv-v3
 STAMP_V3 := $(VENV_V3)/.installed
 
-.PHONY: demo test lint bench clean slurm-packages
+.PHONY: demo test test-fast lint bench clean slurm-packages
 
 $(STAMP): requirements.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(PY) -m launcher simulate --hosts 2 --nproc-per-node 1 --workdir runs/demo \
 		-- train_scripts/train_digits.py --epochs 30
 
-# The SLURM cluster tests (tests/slurm_lab.py) need Debian's slurm-wlm and munge (about 9 s, 46 MB) and
+# The SLURM cluster tests (launcher/simulate/slurm_lab.py) need Debian's slurm-wlm and munge (about 9 s, 46 MB) and
 # iproute2; installed as root when missing. Without root nothing is installed and those tests skip.
 slurm-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
@@ -38,6 +38,13 @@ slurm-packages:
 test: $(STAMP) $(STAMP_V3) slurm-packages
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# The tests that start no training job (torchrun), lab (SLURM, network namespaces) or notebook: under 2
+# minutes on 2 cores, no .venv-v3 needed (tests/conftest.py fails a test that starts one unmarked).
+FAST := not job and not lab and not notebook
+test-fast: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m "$(FAST)"
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

@@ -15,6 +15,7 @@ BENCHMARKS = (
     ["bench_simulate.py", "--pairs", "7"],
     ["bench_train_throughput.py", "--rounds", "5", "--variants"],
     ["bench_faults.py", "--rounds", "2"],
+    ["bench_watch_scale.py", "--rounds", "3"],
 )
 
 if __name__ == "__main__":

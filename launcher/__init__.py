@@ -29,7 +29,7 @@ names every module and only modules that exist):
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
 - ``streams``: standard streams that are always there, and writes that never fail.
 - ``proctree``: finding and ending the processes the launcher started (the watchdog).
-- ``jobwatch``: the launchers of one job watch each other; a failed or silent host stops the job.
+- ``jobwatch``: the launchers of one job watch each other; a failed or lost host stops the job.
 - ``outcome``: how torchrun ended, as the supervisor hands it on.
 - ``codes``: the classes of a run's outcome and their exit codes.
 - ``failure``: the root cause, the true exit code and the report for the platform.
@@ -40,8 +40,11 @@ names every module and only modules that exist):
   - ``simulate/run``: starts the hosts, streams their output, fires the faults.
   - ``simulate/summary``: what happened to each host.
   - ``simulate/netns``: each host its own network namespace (``--network netns``).
+  - ``simulate/become``: how a host's first process takes the host's name and files (the one place).
+  - ``simulate/slurm_lab``: a real SLURM cluster on this machine (the tests' and ``tools/slurm_lab.py``'s).
   - ``simulate/hosts/``: the registry of host builders (``BUILDERS``).
   - ``simulate/hosts/base``: what every builder shares (``HostSpec``, the job environment, the workdir).
+  - ``simulate/hosts/kubernetes``: what Kubernetes gives every container (both Kubeflow builders).
   - ``simulate/hosts/sagemaker``, ``simulate/hosts/sagemaker_env``, ``simulate/hosts/sagemaker_files``,
     ``simulate/hosts/sagemaker_v3``: SageMaker hosts (SDK v2 toolkit and SDK v3).
   - ``simulate/hosts/slurm``, ``simulate/hosts/pbs``, ``simulate/hosts/kubeflow``,

@@ -39,7 +39,16 @@ from typing import NamedTuple, Optional
 
 from launcher import codes, platforms, report, streams
 from launcher.cluster import Cluster
-from launcher.command import Launch, address_of, build_launch, cluster_for, master_port, watch_port
+from launcher.command import (
+    Launch,
+    address_of,
+    build_launch,
+    cluster_for,
+    job_identity,
+    master_port,
+    watch_ports,
+    watch_secret,
+)
 from launcher.errors import ConfigError, shown
 from launcher.options import Invocation, Options, help_text, parse_invocation
 from launcher.platforms.base import Attempt, HostView, look_once
@@ -121,6 +130,9 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
                           environ, run_dir, choice.platform.fabric_env(cluster, host))
     launch = launch._replace(env_changes={**launch.env_changes, JOB_MARKER: token})
+    if cluster.nnodes > 1 and not options.no_job_watch:  # the watch's settings are checked before anything starts
+        watch_ports(cluster, options, "0")
+        watch_secret(options, environ)
     grace = invocation.options.grace_period or choice.platform.grace_period
     return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes)
 
@@ -144,9 +156,12 @@ def _watch_line(p: Plan) -> str:
     options = p.invocation.options
     if options.no_job_watch:
         return "off (--no-job-watch): a failed or lost host does not stop the others"
-    port = watch_port(p.cluster, options)
-    where = f"listens on port {port}" if p.cluster.node_rank == 0 else f"connects to {p.cluster.master_addr}:{port}"
-    return f"this host {where}; a host that fails or is silent for {options.heartbeat_timeout:g} s stops every host"
+    c = p.cluster
+    ports = "/".join(map(str, watch_ports(c, options, job_identity(c.job_name or "", c.master_addr or "",
+                                                                  master_port(c, options), c.nnodes))))
+    where = f"listens on port {ports}" if c.node_rank == 0 else f"connects to {c.master_addr}:{ports}"
+    return (f"this host {where} (the first free); a host that fails, or is silent for {options.loss_timeout:g} s, "
+            "stops every host")
 
 
 def describe(p: Plan, as_json: bool) -> str:
@@ -245,7 +260,7 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
         if c.nnodes > 1 and not options.no_job_watch:
             from launcher import jobwatch  # several nodes only
 
-            watch = jobwatch.for_cluster(c, options, log)
+            watch = jobwatch.for_cluster(c, options, log, watch_secret(options, environ))
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
         rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 else None
         clock = clock._replace(torchrun=time.time())

@@ -11,12 +11,14 @@ changes what torchrun does behind the dry run's back.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
 from launcher.cluster import Cluster
+from launcher.errors import ConfigError, shown
 from launcher.options import Options
 from launcher.platforms.base import HostView, Platform
 
@@ -25,6 +27,8 @@ BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.
 EXIT_DIR_VARIABLE = "DDP_LAUNCHER_EXIT_DIR"  # as launcher/bootstrap.py reads it
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
 INHERITED_PREFIXES = ("PET_", "TORCHELASTIC_")
+WATCH_BASE, WATCH_SPAN, WATCH_STRIDE, WATCH_CANDIDATES = 61000, 4500, 1129, 4  # the job watch's ports
+SECRET_VARIABLE = "LAUNCHER_JOB_SECRET"  # the job watch's shared secret (see watch_secret)
 
 
 class Launch(NamedTuple):
@@ -84,10 +88,43 @@ def master_port(cluster: Cluster, options: Options) -> int:
     return options.master_port or cluster.master_port or DEFAULT_MASTER_PORT
 
 
-def watch_port(cluster: Cluster, options: Options) -> int:
-    """The job watch's port (:mod:`launcher.jobwatch`): the option, else the rendezvous port + 1."""
-    port = master_port(cluster, options)
-    return options.watch_port or (port + 1 if port < 65535 else port - 1)
+def job_identity(job_name: str, master: str, port: int, nnodes: int) -> str:
+    """The job's identity for the job watch, from what every host of it knows (the platform's job name,
+    the rendezvous endpoint, the node count): 16 hex digits."""
+    return hashlib.sha256(f"{job_name}\n{master}:{port}\n{nnodes}".encode()).hexdigest()[:16]
+
+
+def watch_ports(cluster: Cluster, options: Options, job: str) -> tuple[int, ...]:
+    """The job watch's candidate ports (:mod:`launcher.jobwatch`), in order: ``--watch-port``, else
+    :data:`WATCH_CANDIDATES` ports in 61000-65499 derived from the job's identity ``job`` (hex): above
+    Linux's ephemeral ports and far from every platform's rendezvous ports, never a neighbour's.
+
+    Raises :class:`ConfigError` when ``--watch-port`` is the rendezvous port.
+    """
+    if options.watch_port is not None:
+        if options.watch_port == master_port(cluster, options):
+            raise ConfigError(f"--watch-port {options.watch_port} is the rendezvous port (--master-port): "
+                              "the job watch would take torchrun's port; choose another")
+        return (options.watch_port,)
+    start = int(job, 16)
+    return tuple(WATCH_BASE + (start + k * WATCH_STRIDE) % WATCH_SPAN for k in range(WATCH_CANDIDATES))
+
+
+def watch_secret(options: Options, environ: Mapping[str, str]) -> Optional[bytes]:
+    """The job watch's shared secret: ``--job-secret-file``'s content, else ``LAUNCHER_JOB_SECRET``,
+    else None. Raises :class:`ConfigError` for a file that cannot be read or is empty."""
+    path = options.job_secret_file
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                secret = fh.read(65536).strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read --job-secret-file {shown(path)}: {exc.strerror or exc}") from None
+        if not secret:
+            raise ConfigError(f"--job-secret-file {shown(path)} is empty")
+        return secret
+    text = environ.get(SECRET_VARIABLE, "")
+    return text.encode() if text else None
 
 
 def build_launch(cluster: Cluster, options: Options, script: str, script_args: Sequence[str],

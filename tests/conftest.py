@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -121,6 +122,146 @@ class LiveProcess:
     def join_readers(self) -> None:
         for reader in self.readers:
             reader.join(timeout=10)
+
+
+# --- Tiers: what a test starts decides its marker ------------------------------------------------------------
+# ``make test-fast`` runs the tests that start no real training job, lab or notebook
+# (``-m "not job and not lab and not notebook"``). A test marks what it starts; the guard below samples the
+# processes every test starts and fails a test that started one of these without its marker, so a slow test
+# cannot slip into the fast tier unseen.
+TIERS = {
+    "job": "starts a real training job: torchrun (python -m torch.distributed.run) or a script of train_scripts/",
+    "lab": "starts a lab: the SLURM cluster (slurmctld, slurmd) or simulated hosts in network namespaces",
+    "notebook": "executes a notebook in a Jupyter kernel",
+}
+_TAG = "DDP_LAUNCHER_TEST_TAG"  # inherited by what a test starts, so the guard knows whose process it sees
+_SAMPLE_EVERY = 0.2  # s: torchrun and a training script import torch (seconds); a kernel, slurmd or the lab live longer
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, meaning in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
+
+
+def _tiers_of(argv: list[bytes]) -> set[str]:
+    """The tiers a process with this command line belongs to (empty: none)."""
+    words = [os.path.basename(a) for a in argv[:1]] + argv[1:]
+    found = set()
+    if b"torch.distributed.run" in argv or any(b"/train_scripts/" in a and a.endswith(b".py") for a in argv[1:3]):
+        found.add("job")
+    if words and words[0] in (b"slurmctld", b"slurmd"):
+        found.add("lab")
+    if argv[-1:] == [b"hold"] and any(a.endswith(b"netns.py") for a in argv):  # the network lab's holder
+        found.add("lab")
+    if any(b"ipykernel" in a for a in argv):
+        found.add("notebook")
+    return found
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        return int(stat[stat.rfind(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _started_by(pid: int, tag: bytes) -> bool:
+    """True if this test started ``pid``: it inherited the test's tag, or descends from this process."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            if tag in fh.read().split(b"\0"):
+                return True
+    except OSError:
+        pass
+    me, seen = os.getpid(), 0
+    while pid > 1 and seen < 64:
+        pid, seen = _parent(pid), seen + 1
+        if pid == me:
+            return True
+    return False
+
+
+class TierGuard:
+    """Samples the processes a test starts, in a thread, and keeps the tiers they belong to."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag.encode()
+        self.found: dict[str, str] = {}  # tier -> one command line that shows it
+        self.checked: set[int] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) in self.checked:
+                continue
+            pid = int(entry.name)
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")[:-1]
+            except OSError:
+                continue
+            tiers = _tiers_of(argv)
+            if not tiers:
+                continue
+            self.checked.add(pid)
+            if _started_by(pid, self.tag):
+                for tier in tiers:
+                    self.found.setdefault(tier, b" ".join(argv).decode("utf-8", "replace")[:200])
+
+    def _run(self) -> None:
+        while not self.stop.wait(_SAMPLE_EVERY):
+            self._sample()
+
+    def __enter__(self) -> TierGuard:
+        self._sample()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.stop.is_set():
+            self.stop.set()
+            self.thread.join()
+            self._sample()
+
+
+_guards: dict[str, TierGuard] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]):
+    """Run the test (set-up, call, tear-down) under a :class:`TierGuard`; its tear-down report says
+    whether the test started something its markers do not admit (:func:`pytest_runtest_makereport`)."""
+    tag = f"{os.getpid()}:{item.nodeid}"
+    os.environ[_TAG] = tag
+    with TierGuard(f"{_TAG}={tag}") as _guards[item.nodeid]:
+        yield
+    os.environ.pop(_TAG, None)
+    _guards.pop(item.nodeid, None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """After tear-down: fail a test that started a job, lab or notebook without that marker."""
+    outcome = yield
+    guard = _guards.get(item.nodeid)
+    if call.when != "teardown" or guard is None:
+        return
+    guard.__exit__()
+    marked = {t for t in TIERS if item.get_closest_marker(t)}
+    record = os.environ.get("DDP_LAUNCHER_TEST_TIERS")  # a file: one JSON line per test (how the marks were found)
+    if record:
+        with open(record, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"test": item.nodeid, "tiers": sorted(guard.found), "marked": sorted(marked)}) + "\n")
+    missing = {t: argv for t, argv in guard.found.items() if t not in marked}
+    report = outcome.get_result()
+    if missing and report.outcome == "passed" and not record:
+        report.outcome = "failed"
+        report.longrepr = "\n".join(
+            f"started {argv!r} but is not marked {t!r} ({TIERS[t]}): add @pytest.mark.{t} "
+            f"(make test-fast must not run it)" for t, argv in sorted(missing.items()))
 
 
 OUTCOME_SCHEMA = os.path.join(REPO, "docs", "outcome.schema.json")

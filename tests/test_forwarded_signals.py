@@ -13,6 +13,7 @@ from test_launcher_processes import WORKER, job_pids, make_host, records, start_
 RUN = ["--nproc-per-node", "2", WORKER, "--steps", "16", "--step-sleep", "0.25"]
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("handled, to_every_process", [(True, False), (False, True)],
                          ids=["handled-sent-to-the-launcher", "unhandled-sent-to-every-process-as-slurm-does"])
 def test_usr1_is_forwarded_and_the_job_goes_on(tmp_path, handled, to_every_process):

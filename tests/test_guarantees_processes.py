@@ -140,6 +140,7 @@ class Job:
 # Killed from outside: the launcher's whole process group, simulate's, the launcher alone
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.job
 def test_group_sigkill_of_the_launcher_leaves_nothing(tmp_path):
     base = make_host(tmp_path, "algo-1", ["algo-1"])
     proc = start(base, [WORKER, *LONG_RUN])
@@ -151,6 +152,8 @@ def test_group_sigkill_of_the_launcher_leaves_nothing(tmp_path):
     print(f"\nprocess group SIGKILLed: the job was gone {waited:.2f} s later")
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_group_sigkill_of_simulate_leaves_nothing(tmp_path):
     workdir = str(tmp_path / "job")
     sim = Simulate(["--hosts", "2", "--workdir", workdir, "--", ALLREDUCE, "--steps", "0",
@@ -177,6 +180,7 @@ def test_group_sigkill_of_simulate_leaves_nothing(tmp_path):
     print(f"\nsimulate's process group SIGKILLed: {len(pids)} processes gone {waited:.2f} s later")
 
 
+@pytest.mark.job
 def test_sigkill_of_the_launcher_takes_a_workers_double_forked_daemon(tmp_path):
     base = make_host(tmp_path, "algo-1", ["algo-1"])
     proc = start(base, [FORKING, "daemon"])
@@ -193,6 +197,7 @@ def test_sigkill_of_the_launcher_takes_a_workers_double_forked_daemon(tmp_path):
     job.assert_nothing_left(tuple(daemons))
 
 
+@pytest.mark.job
 def test_orphans_are_reaped_while_the_job_runs(tmp_path):
     base = make_host(tmp_path, "algo-1", ["algo-1"])
     count = 10
@@ -217,6 +222,7 @@ def test_orphans_are_reaped_while_the_job_runs(tmp_path):
 # Standard streams: a dead pipe reader at Ctrl-C, a stream closed from the start
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.job
 @pytest.mark.parametrize("signum,worker_args,expected", [
     (signal.SIGINT, [], 128 + signal.SIGINT),
     (signal.SIGTERM, ["--clean-stop"], 0)], ids=["SIGINT", "SIGTERM-clean-stop"])
@@ -234,6 +240,7 @@ def test_stop_signal_with_a_dead_pipe_reader(tmp_path, signum, worker_args, expe
     assert all(r["signals"] == (["SIGTERM"] if signum == signal.SIGTERM else []) for r in records(base).values())
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("fd", [0, 1, 2], ids=["stdin", "stdout", "stderr"])
 def test_a_standard_stream_closed_at_start(tmp_path, fd):
     base = make_host(tmp_path, "algo-1", ["algo-1"])
@@ -308,6 +315,7 @@ class ChildWatcher:
         return self.seen
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("workers", ["clean-stop", "die", "ignore"])
 def test_a_stop_with_restarts_starts_no_new_generation(tmp_path, workers):
     base = make_host(tmp_path, "algo-1", ["algo-1"])

@@ -350,6 +350,7 @@ def report_on_stderr(err, first_line):
     return lines[lines.index(first_line):]
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("blocker", ["read-only-mount", "directory"])
 def test_unwritable_output_still_reports_with_the_workers_code(tmp_path, blocker):
     wrap = None
@@ -371,6 +372,7 @@ def test_unwritable_output_still_reports_with_the_workers_code(tmp_path, blocker
     assert not os.path.isfile(base / "output" / "failure")
 
 
+@pytest.mark.job
 def test_unencodable_exception_text_reaches_file_and_stderr(tmp_path):
     script = tmp_path / "bad_name.py"
     script.write_text(
@@ -387,6 +389,7 @@ def test_unencodable_exception_text_reaches_file_and_stderr(tmp_path):
     assert report_on_stderr(err, text.splitlines()[0]) == text.rstrip("\n").splitlines()
 
 
+@pytest.mark.job
 def test_closed_stdout_neither_blocks_torchrun_nor_changes_the_code(tmp_path):
     """Whoever read the launcher's stdout went away: worker output keeps draining, the report gets out."""
     script = tmp_path / "chatty.py"
@@ -409,6 +412,7 @@ def test_closed_stdout_neither_blocks_torchrun_nor_changes_the_code(tmp_path):
     assert_gone(job_pids(proc, base))
 
 
+@pytest.mark.job
 def test_rank_exiting_on_its_own_is_the_cause_not_torchruns_sigterm(tmp_path):
     """Rank 1 exits 7 (no error file: record passes SystemExit through); torchrun SIGTERMs rank 0."""
     base, code, err = run_host(tmp_path, [WORKER, "--exit-code", "7", "--fail-rank", "1", "--steps", "100000",

@@ -222,7 +222,7 @@ def test_launcher_words_as_hyperparameter_names_or_values_reach_the_script(word)
 def test_launcher_prefixed_hyperparameters_are_the_launchers(spec):
     good = {"platform": "local", "nproc_per_node": 3, "master_port": 2345, "rdzv_timeout": 60, "max_restarts": 2,
             "grace_period": 30.5, "resolve": {"algo-1": "127.0.0.1"}, "dry_run": True, "json": True,
-            "watch_port": 2346, "heartbeat_timeout": 5.0, "no_job_watch": True,
+            "watch_port": 2346, "loss_timeout": 5.0, "job_secret_file": "/run/secret", "no_job_watch": True,
             "outcome_file": "/opt/ml/output/data/run.json"}[spec.name]
     text = ",".join(f"{k}={v}" for k, v in good.items()) if isinstance(good, dict) else good
     for key in ("launcher-" + spec.name.replace("_", "-"), "launcher_" + spec.name):
@@ -251,6 +251,7 @@ def test_train_script_among_the_scripts_arguments_is_the_plain_form():
         assert inv.script == "t.py" and inv.script_args[-2:] == ("--train-script", "x")
 
 
+@pytest.mark.job
 def test_a_dry_run_value_trains_for_real(tmp_path):
     """A hyperparameter whose value is ``--dry-run`` no longer turns the job into a dry run: the script runs."""
     script = tmp_path / "record_argv.py"

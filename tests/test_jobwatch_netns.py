@@ -30,7 +30,8 @@ from launcher.simulate import netns
 
 WHY_NOT = netns.unavailable()
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}"),
-              pytest.mark.usefixtures("machine")]  # the machine's network as before, after each test
+              pytest.mark.usefixtures("machine"),  # the machine's network as before, after each test
+              pytest.mark.job, pytest.mark.lab]
 
 HEARTBEAT = 3.0  # the launcher's default heartbeat timeout
 BOUND = 20.0  # seconds from the fault until every process exited: a few s, with margin for a loaded machine

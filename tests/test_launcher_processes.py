@@ -68,6 +68,7 @@ def wait_for_records(base, count, timeout=60.0, steps=0):
     raise AssertionError(f"workers did not start in {timeout} s: {records(base)}")
 
 
+@pytest.mark.job
 def test_two_hosts_two_processes_train_together(tmp_path):
     hosts = ["algo-1", "algo-2"]
     bases = [make_host(tmp_path, h, hosts) for h in hosts]
@@ -101,6 +102,7 @@ def run_single(tmp_path, worker_args, **env):
     return proc.returncode, err, failure.read_text() if failure.exists() else None
 
 
+@pytest.mark.job
 def test_worker_exit_code_is_the_launchers(tmp_path):
     code, err, failure = run_single(tmp_path, ["--exit-code", "7", "--fail-rank", "1"])
     assert code == 7
@@ -108,6 +110,7 @@ def test_worker_exit_code_is_the_launchers(tmp_path):
     assert err.rstrip().endswith(failure.rstrip().splitlines()[-1])  # the report ends stderr
 
 
+@pytest.mark.job
 def test_worker_exit_code_survives_an_abort_in_interpreter_teardown(tmp_path):
     """sys.exit(7), then an atexit handler aborts (as torch's threads can): the launcher still exits 7."""
     code, err, failure = run_single(tmp_path, ["--exit-code", "7", "--fail-rank", "1", "--abort-at-exit"])
@@ -118,12 +121,14 @@ def test_worker_exit_code_survives_an_abort_in_interpreter_teardown(tmp_path):
     assert err.rstrip().endswith(failure.rstrip().splitlines()[-1])
 
 
+@pytest.mark.job
 def test_worker_killed_by_signal_gives_128_plus_n(tmp_path):
     code, _err, failure = run_single(tmp_path, ["--self-signal", "SIGKILL", "--fail-rank", "0"])
     assert code == 137
     assert failure.startswith("algo-1: rank 0 (local rank 0) was killed by SIGKILL (exit code 137)")
 
 
+@pytest.mark.job
 def test_exception_reaches_the_failure_report(tmp_path):
     code, _err, failure = run_single(tmp_path, ["--raise-on", "1", "--fail-at-step", "2"])
     assert code == 1
@@ -133,6 +138,7 @@ def test_exception_reaches_the_failure_report(tmp_path):
     assert "launcher_worker.py" in failure and len(failure) <= 1024
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("clean", [False, True])
 def test_sigterm_reaches_the_workers(tmp_path, clean):
     base = single_host(tmp_path)
@@ -153,6 +159,7 @@ def test_sigterm_reaches_the_workers(tmp_path, clean):
     assert_gone(job_pids(proc, base))
 
 
+@pytest.mark.job
 def test_workers_ignoring_sigterm_are_killed_after_the_grace_period(tmp_path):
     base = single_host(tmp_path)
     script = tmp_path / "stubborn.py"
@@ -174,6 +181,7 @@ def test_workers_ignoring_sigterm_are_killed_after_the_grace_period(tmp_path):
     assert_gone(job_pids(proc, base))
 
 
+@pytest.mark.job
 def test_sigkill_of_the_launcher_leaves_nothing(tmp_path):
     base = single_host(tmp_path)
     proc = start_launcher(base, ["--nproc-per-node", "2", WORKER, "--steps", "100000", "--step-sleep", "0.05"],

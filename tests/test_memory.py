@@ -12,6 +12,7 @@ import os
 import threading
 import time
 
+import pytest
 from conftest import assert_gone, free_port
 from test_launcher_processes import job_pids, make_host, start_launcher
 
@@ -81,6 +82,7 @@ def sample(pid: int, proc) -> tuple[int, int, float]:
     return hwm, rss, cpu
 
 
+@pytest.mark.job
 def test_gigabytes_of_output_in_bounded_memory(tmp_path):
     script = tmp_path / "noisy.py"
     script.write_text(NOISY)

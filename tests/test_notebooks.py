@@ -295,6 +295,7 @@ def submitted(endpoint, tmp_path_factory) -> Submitted:
     return Submitted(nb, seconds, request, description, source_tar)
 
 
+@pytest.mark.notebook
 def test_create_training_job_names_the_launcher_two_hosts_and_the_script(submitted, endpoint):
     req, desc = submitted.request, submitted.description
     hps = req["HyperParameters"]
@@ -331,6 +332,7 @@ def test_create_training_job_names_the_launcher_two_hosts_and_the_script(submitt
     assert endpoint.trap.hits == []
 
 
+@pytest.mark.notebook
 def test_uploaded_source_is_the_bundle_and_nothing_heavy(submitted):
     with tarfile.open(fileobj=io.BytesIO(submitted.source_tar), mode="r:gz") as tar:
         members = tar.getmembers()
@@ -356,6 +358,7 @@ def test_uploaded_source_is_the_bundle_and_nothing_heavy(submitted):
     assert len(submitted.source_tar) < 200_000
 
 
+@pytest.mark.notebook
 def test_uploaded_data_set_and_bucket(submitted, endpoint):
     s3 = endpoint.client("s3")
     assert BUCKET in [b["Name"] for b in s3.list_buckets()["Buckets"]]  # the notebook made it
@@ -366,6 +369,7 @@ def test_uploaded_data_set_and_bucket(submitted, endpoint):
                               for label in ("ants", "bees") for i in range(n))
 
 
+@pytest.mark.notebook
 def test_notebook_reports_status_metrics_plot_and_model(submitted):
     text, mimes = outputs(submitted.notebook)
     desc = submitted.description
@@ -387,6 +391,9 @@ def _download_prefix(s3, uri: str, dest: str) -> str:
     return dest
 
 
+@pytest.mark.job
+@pytest.mark.lab
+@pytest.mark.notebook
 def test_what_was_submitted_trains_under_aws_toolkit(submitted, endpoint, tmp_path):
     """Unpack the uploaded source and run it, with the recorded hyperparameters and the uploaded data,
     on two simulated hosts through AWS's real toolkit (``simulate --toolkit``)."""
@@ -447,6 +454,9 @@ def test_what_was_submitted_trains_under_aws_toolkit(submitted, endpoint, tmp_pa
 # local_simulation.ipynb on this machine
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.job
+@pytest.mark.lab
+@pytest.mark.notebook
 def test_local_simulation_notebook_plots_the_curves(tmp_path):
     workdir = tmp_path / "sim"
     env = launcher_env()

@@ -129,6 +129,7 @@ def recorded(endpoint, tmp_path_factory) -> Recorded:  # noqa: F811
     return Recorded(nb, seconds, request, description, _download(endpoint, request, os.path.join(scratch, "s3")))
 
 
+@pytest.mark.notebook
 def test_create_training_job_names_two_hosts_the_drivers_command_and_the_script(recorded, endpoint):  # noqa: F811
     req = recorded.request
     assert req["ResourceConfig"]["InstanceCount"] == 2
@@ -148,6 +149,7 @@ def test_create_training_job_names_two_hosts_the_drivers_command_and_the_script(
     assert endpoint.trap.hits == []
 
 
+@pytest.mark.notebook
 def test_code_channel_is_exactly_the_bundle(recorded, tmp_path):
     expected = bundle.stage_bundle(os.path.join(TRAIN_SCRIPTS, "train_resnet.py"), str(tmp_path / "bundle"))
     code = recorded.channels["code"]
@@ -157,6 +159,7 @@ def test_code_channel_is_exactly_the_bundle(recorded, tmp_path):
     assert mismatched == []
 
 
+@pytest.mark.notebook
 def test_drivers_channel_is_the_installed_sdks(recorded):
     drivers = recorded.channels["sm_drivers"]
     installed = subprocess.run([V3_PYTHON, "-c", "from sagemaker.train.constants import SM_DRIVERS_LOCAL_PATH as p; "
@@ -172,6 +175,7 @@ def test_drivers_channel_is_the_installed_sdks(recorded):
         assert "distributed_drivers/basic_script_driver.py" in fh.read()
 
 
+@pytest.mark.notebook
 def test_notebook_reports_status_metrics_plot_and_model(recorded):
     text, mimes = outputs(recorded.notebook)
     desc = recorded.description
@@ -192,6 +196,9 @@ def simulate(workdir: str, channels: dict[str, str], hps: dict[str, str], env: d
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.job
+@pytest.mark.lab
+@pytest.mark.notebook
 def test_what_was_submitted_trains_through_the_sdks_drivers(recorded, endpoint, tmp_path):  # noqa: F811
     workdir = str(tmp_path / "job")
     env = {**endpoint.env(), "PYTHONPATH": REPO}  # simulate from here; the hosts run the uploaded launcher
@@ -244,6 +251,9 @@ def odd_submission(endpoint, tmp_path_factory) -> tuple[dict[str, str], dict[str
     return request["HyperParameters"], _download(endpoint, request, os.path.join(scratch, "s3"))
 
 
+@pytest.mark.job
+@pytest.mark.lab
+@pytest.mark.notebook
 def test_odd_hyperparameters_reach_the_script_as_v3_renders_them(odd_submission, endpoint, tmp_path):  # noqa: F811
     hps, channels = odd_submission
     assert hps == {"train-script": "ddp_allreduce.py", "steps": "2", "note": 'say "hi" to a b',
@@ -260,6 +270,9 @@ def test_odd_hyperparameters_reach_the_script_as_v3_renders_them(odd_submission,
     assert_gone([h["pid"] for h in summary["hosts"]])
 
 
+@pytest.mark.job
+@pytest.mark.lab
+@pytest.mark.notebook
 def test_a_worker_exiting_7_gives_7_and_a_root_cause(odd_submission, endpoint, tmp_path):  # noqa: F811
     hps, channels = odd_submission
     failing = {**hps, "fail-rank": "1", "exit-code": "7"}  # ints as ModelTrainer's safe_serialize writes them
@@ -298,6 +311,9 @@ def test_simulate_v3_bad_input_is_one_line_and_exit_2(tmp_path, options, says):
     assert says in proc.stderr and not (tmp_path / "job").exists()
 
 
+@pytest.mark.job
+@pytest.mark.lab
+@pytest.mark.notebook
 def test_a_stop_signal_reaches_the_launcher_under_the_drivers(odd_submission, endpoint, tmp_path):  # noqa: F811
     """A spot interruption of algo-1 goes to its ``launch.py`` (not to the drivers' bash), which stops its
     workers: they record the SIGTERM; the launcher is the parent of their torchrun."""
@@ -318,6 +334,7 @@ def test_a_stop_signal_reaches_the_launcher_under_the_drivers(odd_submission, en
     assert_gone([h["pid"] for h in summary["hosts"]] + [launcher, record["pid"]])
 
 
+@pytest.mark.notebook
 def test_sdk_v3_fails_a_job_whose_hyperparameter_holds_a_single_quote(odd_submission, endpoint, tmp_path):  # noqa: F811
     """A known limit of the SDK (sagemaker-train 1.27), not of the launcher: environment.py writes
     ``export SM_HPS='...'`` unescaped, so ``source`` of that file fails and the job ends with exit 2
@@ -380,6 +397,7 @@ def test_the_launcher_reads_any_v3_argv_as_the_sdk_renders_it(tmp_path_factory, 
     assert invocation.script == "train.py" and list(invocation.script_args) == argv[:i] + argv[i + 2:]
 
 
+@pytest.mark.notebook
 def test_sm_drivers_tool_writes_what_model_trainer_uploaded(recorded, tmp_path):
     """``tools/sm_drivers_v3.py`` (for simulate runs without a recording) writes the very channel the
     notebook's ModelTrainer uploaded: the same files, byte for byte, but sourcecode.json's source_dir."""

@@ -75,6 +75,7 @@ class Host(LiveProcess):
         self.proc.kill()
 
 
+@pytest.mark.job
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                     reason="a host name per launcher needs root (unshare --uts)")
 def test_two_pbs_hosts_with_two_processes_each(tmp_path) -> None:

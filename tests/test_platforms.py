@@ -316,6 +316,7 @@ def records_of(path):
     return {d["rank"]: d for d in (json.loads(p.read_text()) for p in path.glob("rank*.json"))}
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("name", ["env", "kubeflow"])
 def test_real_two_hosts_two_processes(tmp_path, name):
     port = free_port()

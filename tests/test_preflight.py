@@ -6,6 +6,7 @@ import json
 import subprocess
 import time
 
+import pytest
 from conftest import PYTHON, launcher_env
 
 from launcher.cluster import Cluster
@@ -45,6 +46,7 @@ def test_a_name_that_never_resolves_ends_the_launch_with_one_line(tmp_path):
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.job
 def test_a_single_host_whose_name_does_not_resolve_still_runs(tmp_path):
     write_host(tmp_path, ["solo.invalid"], "solo.invalid")
     env = launcher_env(SAGEMAKER_BASE_DIR=str(tmp_path))

@@ -20,6 +20,7 @@ from conftest import PYTHON, REPO, LiveProcess, assert_gone, launcher_env
 
 from launcher import proctree, simulate
 from launcher.platforms.sagemaker import argv as aws_argv
+from launcher.simulate.hosts import builder
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "ddp_allreduce.py")
 RUN_TIMEOUT = 150.0
@@ -150,7 +151,7 @@ def test_tree_and_environment_match_aws(tmp_path: Any) -> None:
     config = simulate.build_config(["--hosts", "3", "--channel", f"train={data}", "--workdir", workdir,
                                     "--job-name", "tree-test", "--hyperparameters", HPS_JSON,
                                     "--", *SCRIPT_WORDS], str(tmp_path))
-    specs = simulate.make_tree(config, launcher_env(), 12345)
+    specs = builder("sagemaker").make_hosts(config, launcher_env(), 12345)
     sdk = json.loads(subprocess.run(
         [PYTHON, "-c", SDK_ENCODING], input=json.dumps(dict(config.user_hyperparameters)),
         env=launcher_env(SAGEMAKER_SUPPRESS_V2_WARNING="1"), capture_output=True, text=True,
@@ -206,6 +207,8 @@ def check_training(workdir: str, records: dict[str, list[dict[str, Any]]], job_n
             assert ours == aws["env"]
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_two_hosts_two_processes(tmp_path: Any) -> None:
     data = tmp_path / "data"
     data.mkdir()
@@ -226,6 +229,8 @@ def test_two_hosts_two_processes(tmp_path: Any) -> None:
     print(f"\n2 hosts x 2 processes: {sim.duration:.1f} s")
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_toolkit_runs_each_host_through_aws_train(tmp_path: Any) -> None:
     workdir = str(tmp_path / "job")
     sim, code = run(["--hosts", "2", "--nproc-per-node", "2", "--workdir", workdir, "--toolkit",
@@ -257,6 +262,8 @@ def fault_run(tmp_path: Any, fault: str, nproc: int) -> tuple[Simulate, int, str
     return sim, code, workdir, read_json(os.path.join(workdir, "summary.json"))
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_sigkill_of_one_launcher_ends_every_host(tmp_path: Any) -> None:
     sim, code, workdir, summary = fault_run(tmp_path, "algo-2:SIGKILL:step=3", 2)
     assert code == 128 + signal.SIGKILL, sim.stderr
@@ -274,6 +281,8 @@ def test_sigkill_of_one_launcher_ends_every_host(tmp_path: Any) -> None:
     assert elapsed <= DEATH_TO_LAST_EXIT_LIMIT
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_sigterm_to_one_host_is_a_spot_interruption(tmp_path: Any) -> None:
     sim, code, workdir, summary = fault_run(tmp_path, "algo-2:SIGTERM:step=3", 1)
     assert code != 0, sim.stderr
@@ -294,6 +303,8 @@ def start_endless_job(tmp_path: Any) -> tuple[Simulate, str]:
                      "--step-sleep", "0.1"], str(tmp_path)), workdir
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_sigterm_to_simulate_reaches_every_worker(tmp_path: Any) -> None:
     sim, workdir = start_endless_job(tmp_path)
     sim.wait_for("[algo-2] [rank1]:step=3")
@@ -307,6 +318,8 @@ def test_sigterm_to_simulate_reaches_every_worker(tmp_path: Any) -> None:
     print(f"\nSIGTERM to simulate: everything ended {time.monotonic() - stopped:.1f} s later")
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_sigkill_of_simulate_leaves_nothing(tmp_path: Any) -> None:
     sim, workdir = start_endless_job(tmp_path)
     sim.wait_for("[algo-2] [rank1]:step=2")

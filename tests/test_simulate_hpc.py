@@ -180,10 +180,13 @@ def test_pbs_hosts_get_the_node_file_and_variables(tmp_path: Any, monkeypatch: A
         assert env["PBS_NODENUM"] == str(i) and lines[int(env["PBS_VNODENUM"])] == spec.name
         assert lines.index(spec.name) == int(env["PBS_VNODENUM"])  # the node's first slot
         assert int(env["PBS_TASKNUM"]) >= 1 and spec.name == f"node{i + 1}"
-        # Run as node<i+1>: the namespace command, the shim, the node's name, the job's hosts file.
-        assert spec.argv[:len(pbs_builder.NAMESPACES[0])] == pbs_builder.NAMESPACES[0]
-        name, hosts_file = spec.argv[-len(launcher_argv()) - 2:-len(launcher_argv())]
-        assert spec.argv[-len(launcher_argv()):] == launcher_argv() and name == spec.name
+        # Run as node<i+1>: the namespace command, become.py with the node's name and the job's hosts file.
+        prefix = pbs_builder.NAMESPACES[0]
+        assert spec.argv[:len(prefix)] == prefix and spec.argv[len(prefix) + 3].endswith("become.py")
+        options, program = spec.argv[len(prefix) + 4:spec.argv.index("--")], spec.argv[spec.argv.index("--") + 1:]
+        assert options[:2] == ("--hostname", spec.name) and options[2] == "--bind" and options[4] == "/etc/hosts"
+        assert program == launcher_argv()
+        hosts_file = options[3]
         hosts_lines = Path(hosts_file).read_text(encoding="utf-8").splitlines()
         assert hosts_lines[:count] == [f"127.0.0.1 {host}" for host in config.hosts]
     assert len({spec.env["PBS_TASKNUM"] for spec in specs}) == count
@@ -241,6 +244,8 @@ def test_pbs_refused_where_namespaces_are_not_permitted(tmp_path: Any) -> None:
 # Real jobs: 2 hosts x 2 processes
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.job
+@pytest.mark.lab
 @pytest.mark.parametrize("platform", ["slurm", pytest.param("pbs", marks=pytest.mark.skipif(
     not namespaces_permitted(), reason="unshare --uts --mount is not permitted here"))])
 def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:

@@ -105,6 +105,7 @@ class Lines(LiveProcess):
 # The lab on its own: names, addresses, a partition that loses packets, a power loss
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.lab
 def test_lab_partition_loses_packets_and_poweroff_kills_every_process(tmp_path: Any, machine: Any) -> None:
     lab = netns.Lab(str(tmp_path))
     try:
@@ -192,6 +193,8 @@ def check_job(sim: Simulate, workdir: str, hosts: int) -> None:
         assert rec["env"]["SM_CURRENT_HOST"] == "algo-1" and rec["env"]["SM_NETWORK_INTERFACE_NAME"] == "eth0"
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_two_and_four_hosts_in_parallel_runs(tmp_path: Any, machine: Any) -> None:
     # The same bridge, veth and namespace names and the same subnet in both runs: private to each.
     script = tmp_path / "probe_worker.py"
@@ -205,6 +208,8 @@ def test_two_and_four_hosts_in_parallel_runs(tmp_path: Any, machine: Any) -> Non
     print(f"\nin parallel: 2 hosts {two.duration:.1f} s, 4 hosts {four.duration:.1f} s")
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_sigkill_of_simulates_process_group_leaves_nothing(tmp_path: Any, machine: Any) -> None:
     sim, workdir = start(tmp_path, "killed", 2, script_args=("--steps", "0", "--step-sleep", "0.1"))
     sim.wait_for("[algo-2] [rank1]:step=2")
@@ -240,6 +245,8 @@ def _ppid(pid: int) -> int:
     return int(stat[stat.rfind(b")") + 2:].split()[1])
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_partition_with_platform_stop_off_ends_by_the_deadline(tmp_path: Any, machine: Any) -> None:
     deadline = 40.0  # the partition fires at about 15 s (step 3): a slow start must not miss it
     sim, workdir = start(tmp_path, "split", 2, "--fault", "algo-2:partition:step=3", "--platform-stop", "off",
@@ -261,6 +268,8 @@ def test_partition_with_platform_stop_off_ends_by_the_deadline(tmp_path: Any, ma
           f"{' (stopped by the --deadline: it would have waited for gloo)' if by_deadline else ''}")
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_poweroff_kills_every_process_of_the_host_at_once(tmp_path: Any, machine: Any) -> None:
     sim, workdir = start(tmp_path, "dark", 2, "--nproc-per-node", "2", "--fault", "algo-2:poweroff:step=2",
                          "--deadline", "60", script_args=("--steps", "0", "--step-sleep", "0.1"))
@@ -316,6 +325,7 @@ def test_bad_network_input_exits_2_and_starts_nothing(tmp_path: Any) -> None:
                                                            no_nsenter)
 
 
+@pytest.mark.job
 def test_loopback_where_namespaces_are_not_permitted_and_the_summary_says_so(tmp_path: Any) -> None:
     bare = tmp_path / "bin"
     bare.mkdir()

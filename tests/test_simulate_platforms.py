@@ -212,6 +212,8 @@ def _job_case(platform: str) -> Any:
                         "a simulated host's launcher could not detect its platform"))
 
 
+@pytest.mark.job
+@pytest.mark.lab
 @pytest.mark.parametrize("platform", [_job_case(p) for p in BUILDERS if p not in HPC])
 def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:
     records_dir, workdir = tmp_path / "records", str(tmp_path / "job")

@@ -1,4 +1,4 @@
-"""The launcher on a real 2-node SLURM cluster (tests/slurm_lab.py): sbatch, srun, scancel, scontrol.
+"""The launcher on a real 2-node SLURM cluster (launcher/simulate/slurm_lab.py): sbatch, srun, scancel, scontrol.
 
 One lab per module (about 2 s to bring up). Every job's step is ``srun --ntasks-per-node=1 python -m
 launcher ...`` with 2 processes per node. Needs root; skipped with the reason elsewhere.
@@ -16,10 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import PYTHON, REPO, TRAIN_SCRIPTS, assert_gone, launcher_env
-from slurm_lab import SlurmLab, missing_requirement
 from test_slurm import random_nodelist
 
 from launcher.platforms import hostlist
+from launcher.simulate.slurm_lab import SlurmLab, missing_requirement
 
 pytestmark = pytest.mark.skipif(missing_requirement() is not None, reason=missing_requirement() or "")
 WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
@@ -73,6 +73,7 @@ def job_pids(lab: SlurmLab) -> list[int]:
     return [p for node in (1, 2) for p in lab.node_pids(node) if p not in lab.baseline[node]]
 
 
+@pytest.mark.lab
 def test_host_lists_expand_as_scontrol_does(lab: SlurmLab) -> None:
     rng = random.Random(10)
     corpus = ["gpu[01-04,07]", "r[1-2]n[1-3]", "n[008-011]", "a[1-2],b,c[09-10]x[1,3]", "node1"]
@@ -82,6 +83,8 @@ def test_host_lists_expand_as_scontrol_does(lab: SlurmLab) -> None:
         assert hostlist.expand(nodelist) == expected, nodelist
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_two_nodes_train_with_world_size_4_and_rank_0_on_the_first_node(lab: SlurmLab, tmp_path) -> None:
     records = tmp_path / "records"
     records.mkdir()
@@ -98,6 +101,8 @@ def test_two_nodes_train_with_world_size_4_and_rank_0_on_the_first_node(lab: Slu
     assert "slurm host node2: node 1 of 2, 2 process(es) per node" in out
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_a_worker_exit_code_on_node_2_is_the_step_exit_code_with_the_root_cause(lab: SlurmLab, tmp_path) -> None:
     # Rank 2 is local rank 0 of node 2. (Were it local rank 1, rank 2's "connection closed" may land in the same
     # second, and torchrun, which times failures to the second, names the lower local rank: see the report.)
@@ -110,6 +115,8 @@ def test_a_worker_exit_code_on_node_2_is_the_step_exit_code_with_the_root_cause(
     assert "node2: rank 2 (local rank 0) exited with code 7" in out
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_scancel_checkpoints_ends_within_killwait_and_the_rerun_resumes(lab: SlurmLab, tmp_path) -> None:
     args = (f"--nproc-per-node 2 {DIGITS} --batch-size 8 --print-freq 1 --plot false --timeout 1 "
             f"--output-dir {tmp_path / 'out'} --checkpoint-dir {tmp_path / 'ck'}")
@@ -140,6 +147,7 @@ def test_scancel_checkpoints_ends_within_killwait_and_the_rerun_resumes(lab: Slu
     assert f"resuming from {saved[-1]}: epoch {epoch + 1} of {epoch + 1}, step {step_}" in out
 
 
+@pytest.mark.lab
 @pytest.mark.parametrize("srun, expected", [
     ("--ntasks-per-node=2", "start one launcher per node: srun --ntasks-per-node=1"),
     (None, "not in a job step: start it on every node with srun --ntasks-per-node=1"),

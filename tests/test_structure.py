@@ -53,3 +53,66 @@ def test_the_package_map_names_every_module_and_only_existing_ones() -> None:
     words = set(re.findall(r"``([a-z_0-9/]+)``", launcher.__doc__))
     assert modules - words == set(), "modules the map in launcher/__init__.py does not name"
     assert {n for n in named if n not in modules} == set(), "the map names modules that do not exist"
+
+
+def test_how_it_works_names_functions_that_exist() -> None:
+    # README "How it works": every "`launcher/x.py` `name()`" (and "then `other()`") names a function there.
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        section = fh.read().split("## How it works", 1)[1].split("\n## ", 1)[0]
+    pairs = re.findall(r"`(launcher/[a-z_/]+\.py)` `([a-z_]+)\(\)`(?:, then `([a-z_]+)\(\)`)?", section)
+    assert len(pairs) >= 6, pairs
+    missing = []
+    for path, *names in pairs:
+        with open(os.path.join(REPO, path), encoding="utf-8") as fh:
+            defined = {n.name for n in ast.walk(ast.parse(fh.read())) if isinstance(n, ast.FunctionDef)}
+        missing += [f"{path}: {name}()" for name in names if name and name not in defined]
+    assert missing == []
+
+
+def imported_modules(path: str) -> set[str]:
+    """The modules a file imports, each as the module itself (``from a import b``: ``a.b`` when ``b`` is a
+    module of the repository, else ``a``)."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                base = os.path.join(REPO, *sub.split("."))
+                names.add(sub if os.path.exists(base + ".py") or os.path.isdir(base) else node.module)
+    return names
+
+
+def test_simulated_host_builders_import_no_other_builder_and_no_platform_reading() -> None:
+    from launcher.simulate.hosts import BUILDERS
+
+    builders = set(BUILDERS.values())
+    # AWS's side of SageMaker, which the simulator plays with the launcher's own copy (hosts/base.py says why)
+    aws_side = {"launcher.platforms.sagemaker.argv", "launcher.platforms.sagemaker.bundle"}
+    sideways, platform_reading = {}, {}
+    for path in modules_under(os.path.join("simulate", "hosts")):
+        module = "launcher." + os.path.relpath(path, PACKAGE)[:-3].replace(os.sep, ".")
+        names = imported_modules(path)
+        if module in builders:
+            sideways[module] = sorted(names & (builders - {module}))
+        platform_reading[module] = sorted(n for n in names if n.startswith("launcher.platforms") and n not in aws_side)
+    assert {m: n for m, n in sideways.items() if n} == {}
+    assert {m: n for m, n in platform_reading.items() if n} == {}
+    assert len(sideways) == len(builders)  # every builder was looked at
+
+
+def test_one_module_knows_how_to_become_a_host() -> None:
+    # sethostname and bind mounts happen in launcher/simulate/become.py only (the lab, PBS and SDK v3 use it).
+    # The SLURM lab is not a simulated host: it builds a whole cluster (its own PID namespace, controller, nodes).
+    offenders = []
+    for path in modules_under("simulate"):
+        if path.endswith((os.sep + "become.py", os.sep + "slurm_lab.py")):
+            continue
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        if re.search(r"sethostname|libc\.mount|\"--bind\"", text):
+            offenders.append(os.path.relpath(path, REPO))
+    assert offenders == []

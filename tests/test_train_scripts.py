@@ -546,6 +546,7 @@ ddp_utils.shutdown()
 """
 
 
+@pytest.mark.job
 def test_distributed_evaluation_equals_one_process(tmp_path: Path) -> None:
     script = tmp_path / "eval_check.py"
     script.write_text(EVAL_SCRIPT)
@@ -576,6 +577,8 @@ def test_distributed_evaluation_equals_one_process(tmp_path: Path) -> None:
 # The scripts, end to end
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_cifar10_two_hosts_fake_dataset(tmp_path: Path) -> None:
     data = make_fake_cifar10(tmp_path / "cifar")
     run, workdir = simulate(tmp_path, CIFAR, ["--epochs", "2", "--batch-size", "16", "--timeout", "2"],
@@ -597,6 +600,8 @@ def test_cifar10_two_hosts_fake_dataset(tmp_path: Path) -> None:
     assert ddp_utils.list_checkpoints(str(workdir / "algo-1" / "checkpoints"))
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_resnet_two_hosts_image_folder(tmp_path: Path) -> None:
     data = make_image_folder(tmp_path / "hymenoptera")
     run, workdir = simulate(tmp_path, RESNET, ["--epochs", "2", "--batch-size", "4", "--image-size", "32",
@@ -614,6 +619,8 @@ def test_resnet_two_hosts_image_folder(tmp_path: Path) -> None:
     assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1] == ddp_utils.state_hash(model)
 
 
+@pytest.mark.job
+@pytest.mark.lab
 def test_digits_demo_two_hosts_reaches_95_percent(tmp_path: Path) -> None:
     run, workdir = simulate(tmp_path, DIGITS, ["--timeout", "2"], {})
     finish_simulation(run, workdir)
@@ -635,6 +642,7 @@ def test_digits_demo_two_hosts_reaches_95_percent(tmp_path: Path) -> None:
     assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1] == ddp_utils.state_hash(model)
 
 
+@pytest.mark.job
 def test_digits_as_a_plain_process_with_sagemaker_variables(tmp_path: Path) -> None:
     """No torchrun (world size 1), SM_* paths, checkpointconfig.json's LocalPath, ``--plot False``."""
     base = tmp_path / "opt_ml"
@@ -652,6 +660,7 @@ def test_digits_as_a_plain_process_with_sagemaker_variables(tmp_path: Path) -> N
         "checkpoint-e0001-s0000000.pt", "checkpoint-e0002-s0000000.pt"]
 
 
+@pytest.mark.job
 def test_digits_under_plain_torchrun_writes_where_the_ddp_variables_say(tmp_path: Path) -> None:
     """Kubeflow, SLURM, a hand-made cluster: torchrun, no SM_* variable, the DDP_* ones say where files go."""
     assert not [k for k in os.environ if k.startswith(("AIP_", "OCI__", "DDP_MODEL", "DDP_OUTPUT", "DDP_CHECK"))]
@@ -681,6 +690,7 @@ def test_digits_under_plain_torchrun_writes_where_the_ddp_variables_say(tmp_path
     assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1] == ddp_utils.state_hash(model)
 
 
+@pytest.mark.job
 def test_a_script_given_a_bad_location_exits_2_before_starting(tmp_path: Path) -> None:
     """The in-process tests above cover every bad value; this one shows what a real script run does."""
     run = Run([PYTHON, DIGITS], tmp_path, {"DDP_MODEL_DIR": "s3://bucket/model"})
@@ -690,6 +700,7 @@ def test_a_script_given_a_bad_location_exits_2_before_starting(tmp_path: Path) -
     assert not run.pid_dir.exists()  # start() never ran
 
 
+@pytest.mark.job
 def test_sigterm_checkpoints_and_the_next_run_resumes(tmp_path: Path) -> None:
     out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
     args = ["--synthetic", "960", "--epochs", "3", "--batch-size", "16", "--output-dir", str(out),
@@ -715,6 +726,7 @@ def test_sigterm_checkpoints_and_the_next_run_resumes(tmp_path: Path) -> None:
     assert (out / "cifar_net.pt").is_file()
 
 
+@pytest.mark.job
 def test_a_failed_download_on_rank_0_stops_every_rank(tmp_path: Path) -> None:
     """The ranks waiting for rank 0's download learn that it failed instead of hanging.
 

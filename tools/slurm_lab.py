@@ -12,7 +12,7 @@ Example, from the repository (the job's output lands in DIR/jobs/<id>.out):
     python tools/slurm_lab.py run /tmp/slurmlab-XXXX squeue
 
 ``up`` keeps the lab while it runs: the lab's processes live in a PID namespace whose first process
-exits with it (see tests/slurm_lab.py), so even a killed ``up`` leaves nothing behind.
+exits with it (see launcher/simulate/slurm_lab.py), so even a killed ``up`` leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, REPO)  # the repository's launcher package, also when it is not installed
 
-from slurm_lab import SlurmLab, missing_requirement  # noqa: E402  (the harness lives with the tests)
+from launcher.simulate.slurm_lab import SlurmLab, missing_requirement  # noqa: E402
 
 
 def _state_file(root: str) -> str:
@@ -55,10 +55,7 @@ def attach(root: str) -> SlurmLab:
     """The lab ``up`` started in ``root``."""
     with open(_state_file(root)) as fh:
         state = json.load(fh)
-    lab = SlurmLab(nodes=len(state["info"]["holders"]), root=root)
-    lab.info = state["info"]
-    lab.anchor_pid = lambda: state["anchor"]  # type: ignore[method-assign]
-    return lab
+    return SlurmLab.attach(root, state["info"], state["anchor"])
 
 
 def main(argv: list[str]) -> int:

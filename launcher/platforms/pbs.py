@@ -5,7 +5,8 @@ hosts repeat; the launcher keeps each host's first line, in order. The first hos
 this node is found by its host name, as written or by its short name (the file may hold
 ``n1.cluster`` where the node calls itself ``n1``, or the reverse); its index is the node rank.
 
-Processes per node: ``--nproc-per-node``, else the GPUs the node shows, else 1. Master port:
+Processes per node: the GPUs the node shows, else 1 (``--nproc-per-node`` overrides it:
+:func:`launcher.command.cluster_for`). Master port:
 ``20000 + (the digits of PBS_JOBID before the server name) % 10000``, so two jobs sharing a node do
 not clash; ``--master-port`` chooses another.
 

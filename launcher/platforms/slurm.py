@@ -5,9 +5,10 @@ Where the host list becomes ``--node-rank``: the step's node list (``SLURM_STEP_
 host is the master; this node (``SLURMD_NODENAME``, else the host name) must be in it, and its
 index there must equal ``SLURM_NODEID``, the node rank.
 
-Processes per node: ``--nproc-per-node``, else ``SLURM_GPUS_ON_NODE``, else the GPUs the node shows,
-else 1. Master port: ``20000 + SLURM_JOB_ID % 10000`` (20000-29999, below Linux's ephemeral ports),
-so two jobs sharing a node do not clash; ``--master-port`` chooses another.
+Processes per node: ``SLURM_GPUS_ON_NODE``, else the GPUs the node shows, else 1 (``--nproc-per-node``
+overrides it: :func:`launcher.command.cluster_for`). Master port: ``20000 + SLURM_JOB_ID % 10000``
+(20000-29999, below Linux's ephemeral ports), so two jobs sharing a node do not clash;
+``--master-port`` chooses another.
 
 Wrong use is refused before anything starts: a step with several tasks on a node (``SLURM_LOCALID`` > 0,
 or more than one task per node in ``SLURM_STEP_TASKS_PER_NODE``, else ``SLURM_NTASKS_PER_NODE``): use

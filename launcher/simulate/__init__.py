@@ -164,14 +164,13 @@ from launcher.simulate import netns
 from launcher.simulate.config import PROG, Config, Fault, build_config, parse_fault, script_hyperparameters
 from launcher.simulate.hosts import builder
 from launcher.simulate.hosts.base import HostSpec, free_port, host_address, write_json
-from launcher.simulate.hosts.sagemaker import make_tree
 from launcher.simulate.hosts.sagemaker_env import toolkit_env
 from launcher.simulate.hosts.sagemaker_files import encode_hyperparameters
 from launcher.simulate.run import Simulation, log
 from launcher.simulate.summary import format_summary, job_report
 
 # The package's public names: main, and what the tests call directly.
-__all__ = ["Fault", "build_config", "encode_hyperparameters", "main", "make_tree", "parse_fault",
+__all__ = ["Fault", "build_config", "encode_hyperparameters", "main", "parse_fault",
            "script_hyperparameters", "toolkit_env"]
 
 

@@ -24,9 +24,9 @@ by themselves (their own watchdogs clean up their run directories as they go)::
         lab.heal("algo-2")
         lab.poweroff("algo-2")        # link down, then every process of the host SIGKILLed at once
 
-Run as a script, this file is the holder itself (``python netns.py hold``), or the first moment of a
-host's command (``python netns.py enter NAME HOSTS_FILE COMMAND...``: no shell in between, which would
-drop environment variables whose names are not identifiers, like SageMaker's ``SM_HP_STEP-SLEEP``).
+Run as a script, this file is the holder itself (``python netns.py hold``). A host's command enters
+the host's network namespace, then new UTS and mount namespaces, where :mod:`launcher.simulate.become`
+takes the host's name and hosts file and becomes the command.
 """
 
 from __future__ import annotations
@@ -202,11 +202,13 @@ class Lab:
 
         No process is added in between: the command's PID is the started process's PID.
         """
+        from launcher.simulate import become  # not at the top: the holder runs this file with -I -S
+
         host = self.hosts[name]
         user = [f"--user=/proc/{self.pid}/ns/user", "--preserve-credentials"] if self._userns else []
-        return ["nsenter", *user, f"--net={self._path(host.netns)}", "--", "unshare", "--uts", "--mount",
-                "--", sys.executable, "-I", "-S", os.path.abspath(__file__), "enter", host.name,
-                self.hosts_file, *argv]
+        return list(become.command(argv, hostname=host.name, binds=[(self.hosts_file, "/etc/hosts")],
+                                   prefix=["nsenter", *user, f"--net={self._path(host.netns)}", "--",
+                                           "unshare", "--uts", "--mount", "--"]))
 
     def pids(self, name: str) -> list[int]:
         """The machine's PIDs of every process running in host ``name``."""
@@ -288,29 +290,7 @@ def _hold() -> int:
     return 0
 
 
-def _enter(name: str, hosts_file: str, argv: Sequence[str]) -> int:
-    """In a new UTS and mount namespace: take the host's name and hosts file, then become ``argv``."""
-    import socket
-
-    try:
-        socket.sethostname(name)
-    except OSError as exc:
-        sys.stderr.write(f"lab host {name}: cannot set the hostname: {exc}\n")
-        return 1
-    error = _run(["mount", "-n", "--bind", hosts_file, "/etc/hosts"])
-    if error:
-        sys.stderr.write(f"lab host {name}: {error}\n")
-        return 1
-    try:
-        os.execvp(argv[0], list(argv))
-    except OSError as exc:
-        sys.stderr.write(f"lab host {name}: cannot start {argv[0]!r}: {exc}\n")
-    return 127
-
-
 if __name__ == "__main__":
     if sys.argv[1:] == ["hold"]:
         sys.exit(_hold())
-    if len(sys.argv) > 4 and sys.argv[1] == "enter":
-        sys.exit(_enter(sys.argv[2], sys.argv[3], sys.argv[4:]))
-    sys.exit(f"usage: {sys.argv[0]} hold | enter NAME HOSTS_FILE COMMAND...")
+    sys.exit(f"usage: {sys.argv[0]} hold")

@@ -1,8 +1,9 @@
 """Amazon SageMaker training jobs: files under ``/opt/ml`` and the ``SM_*`` variables.
 
-Where a host list becomes ``--node-rank``: :meth:`SageMaker.resolve` sorts the host names as strings,
-as SageMaker's own ``resourceconfig.json`` does, so every host computes the same order, the same
-master (the first host) and its own rank as its index in that order.
+Where a host list becomes ``--node-rank``: :func:`node_order` sorts the host names as strings, as
+SageMaker's own ``resourceconfig.json`` does (``algo-10`` < ``algo-2``), so every host computes the same
+order and the same master (the first host); :meth:`SageMaker.resolve` takes this host's index in that
+order as its rank. SDK v3's ``SM_HOST_COUNT`` form publishes the rank itself (``SM_CURRENT_HOST_RANK``).
 
 Sources, in order of trust:
 
@@ -10,10 +11,10 @@ Sources, in order of trust:
 2. ``SM_HOSTS`` (JSON list) and ``SM_CURRENT_HOST``, set by AWS's toolkit (SDK v2 containers);
 3. ``SM_HOST_COUNT``, ``SM_CURRENT_HOST_RANK`` and ``SM_MASTER_ADDR`` (SDK v3 ``ModelTrainer``).
 
-Processes per host: the ``--nproc-per-node`` option, else ``SM_NUM_GPUS``, else ``SM_NUM_NEURONS``
-(a zero counts as absent), else the GPUs the host shows, else 1. Master port 7777, as AWS's own
-containers use. Failure report: ``output/failure``, whose first 1024 characters SageMaker shows as
-the job's FailureReason. StopTrainingJob sends SIGTERM and SIGKILL 120 s later.
+Processes per host: ``SM_NUM_GPUS``, else ``SM_NUM_NEURONS`` (a zero counts as absent), else the GPUs
+the host shows, else 1 (``--nproc-per-node`` overrides it: :func:`launcher.command.cluster_for`).
+Master port 7777, as AWS's own containers use. Failure report: ``output/failure``, whose first 1024
+characters SageMaker shows as the job's FailureReason. StopTrainingJob sends SIGTERM and SIGKILL 120 s later.
 
 SDK 3.x (``ModelTrainer``) jobs need nothing else: SageMaker writes the same ``resourceconfig.json``;
 the SDK's basic script driver runs the entry script from ``/opt/ml/input/data/code`` with the
@@ -54,7 +55,15 @@ def config_path(environ: Mapping[str, str], name: str) -> str:
     return os.path.join(base_dir(environ), "input", "config", name)
 
 
-def _check_hosts(hosts: Any, current: Any, source: str) -> tuple[tuple[str, ...], str]:
+def node_order(hosts: Sequence[str]) -> tuple[str, ...]:
+    """SageMaker's node order: the host names sorted as strings (``algo-10`` < ``algo-2``); node 0 is
+    the master and a host's node rank is its index here."""
+    return tuple(sorted(hosts))
+
+
+def _check_hosts(hosts: Any, current: Any, source: str) -> tuple[list[str], str]:
+    """The host list and the current host as given, or a :class:`ConfigError` naming ``source``: a
+    non-empty list of distinct, non-empty names that holds ``current``."""
     if not isinstance(hosts, list) or not hosts:
         raise ConfigError(f"{source}: the host list is empty or not a list: {shown(hosts)}")
     for host in hosts:
@@ -67,7 +76,7 @@ def _check_hosts(hosts: Any, current: Any, source: str) -> tuple[tuple[str, ...]
         seen.add(host)
     if not isinstance(current, str) or current not in seen:
         raise ConfigError(f"{source}: current host {shown(current)} is not in the host list {shown(hosts)}")
-    return tuple(sorted(hosts)), current
+    return hosts, current
 
 
 class SageMaker(Platform):
@@ -95,7 +104,8 @@ class SageMaker(Platform):
             config = read_json(resource_path)
             if not isinstance(config, dict):
                 raise ConfigError(f"{shown(resource_path)}: expected a JSON object, found {shown(config)}")
-            hosts, current = _check_hosts(config.get("hosts"), config.get("current_host"), shown(resource_path))
+            listed, current = _check_hosts(config.get("hosts"), config.get("current_host"), shown(resource_path))
+            hosts = node_order(listed)
             interface = _text_or(config.get("network_interface_name"), interface)
             instance_type = _text_or(config.get("current_instance_type"), instance_type)
             evidence.append(f"{resource_path}: {len(hosts)} host(s), current_host {current!r}")
@@ -103,7 +113,8 @@ class SageMaker(Platform):
             nnodes, rank = len(hosts), hosts.index(current)
         elif environ.get("SM_HOSTS"):
             listed = parse_json(environ["SM_HOSTS"], "SM_HOSTS", "a JSON list of host names")
-            hosts, current = _check_hosts(listed, environ.get("SM_CURRENT_HOST"), "SM_HOSTS/SM_CURRENT_HOST")
+            listed, current = _check_hosts(listed, environ.get("SM_CURRENT_HOST"), "SM_HOSTS/SM_CURRENT_HOST")
+            hosts = node_order(listed)
             evidence.append(f"SM_HOSTS: {len(hosts)} host(s), SM_CURRENT_HOST={current}")
             master = hosts[0]
             nnodes, rank = len(hosts), hosts.index(current)

@@ -2,8 +2,16 @@
 without another job's variables, the launcher's command, and the work directory's creation and undo.
 
 A builder plays its platform: it writes the variables and files that platform gives a real node.
-It never imports the launcher's module for that platform (``launcher.platforms.<name>``): the two
-stay independent so that the tests can hold one against the other.
+It never imports the launcher's reading of that platform (``launcher.platforms.<name>``): the two
+stay independent so that the tests can hold one against the other. The one exception is AWS's side
+of SageMaker, which the launcher also carries: the SageMaker builders use
+``launcher.platforms.sagemaker.argv`` for the rendering of hyperparameters into argv that AWS's
+toolkit performs, and ``launcher.platforms.sagemaker.bundle`` for the source bundle a user uploads.
+
+A builder (a module in :data:`launcher.simulate.hosts.BUILDERS`) imports no other builder: what two
+builders share lives in a helper module beside them (this one, ``kubernetes``, ``sagemaker_env``,
+``sagemaker_files``, ``sagemaker_v3``) or in :mod:`launcher.simulate.become` (how a process becomes a
+host). ``tests/test_structure.py`` checks both rules.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import os
 import shutil
 import socket
 import sys
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -42,10 +51,9 @@ class HostSpec:
     """One simulated host: its name, its directory, exactly how it is started, and where it reports.
 
     ``on_start`` runs right after the host's process started (a platform that fills a file in as
-    aliases: tuple[str, ...] = ()
-    signal_targets: Optional[Callable[[int], list[int]]] = None  # the launcher(s) under the host's pid
-ere). ``aliases`` are the host's other names (``--network netns``
-    maps them to its address too).
+    hosts start, such as OCI's node metadata, does it there). ``aliases`` are the host's other names
+    (``--network netns`` maps them to its address too). ``signal_targets``: given the host's PID, the
+    launcher process(es) a fault's signal goes to (None: the host's process itself).
     """
 
     name: str
@@ -70,20 +78,10 @@ def host_address(config: Config, index: int) -> str:
     return netns.host_address(index) if in_namespaces(config) else ADDRESS
 
 
-def permitted_commands(commands: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """``unshare`` forms to try, the first (root's) only as root: the later ones use a user namespace."""
-    return [c for i, c in enumerate(commands) if i > 0 or os.geteuid() == 0]
-
-
-def probe_succeeds(argv: Sequence[str]) -> bool:
-    """True if ``argv`` runs and exits 0 within 30 s (a namespace form permitted here)."""
-    import subprocess  # only when a builder probes
-
-    try:
-        return subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+def job_number(job_name: str) -> int:
+    """A scheduler's job number (SLURM's job id, PBS's sequence number): fixed for a job name, six
+    digits, as a cluster's counter would have reached."""
+    return 100_000 + zlib.crc32(job_name.encode()) % 900_000
 
 
 def write_json(path: str, data: Any) -> None:

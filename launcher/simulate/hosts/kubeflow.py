@@ -27,10 +27,11 @@ from collections.abc import Mapping
 from typing import Optional
 
 from launcher.simulate.config import Config
-from launcher.simulate.hosts.base import ADDRESS, HostSpec, plain_hosts
+from launcher.simulate.hosts import kubernetes
+from launcher.simulate.hosts.base import HostSpec, plain_hosts
 
 NAME = "kubeflow"
-SUMMARY_NOTE = "on Kubernetes each pod's files go with the pod unless the job mounts a volume"
+SUMMARY_NOTE = kubernetes.SUMMARY_NOTE
 
 
 def host_names(job_name: str, count: int) -> tuple[str, ...]:
@@ -38,22 +39,12 @@ def host_names(job_name: str, count: int) -> tuple[str, ...]:
     return (f"{job_name}-master-0",) + tuple(f"{job_name}-worker-{i}" for i in range(count - 1))
 
 
-def kubernetes_variables(pod: str) -> dict[str, str]:
-    """What the kubelet gives every container: its pod name and the ``kubernetes`` service's link
-    variables (the API server; 127.0.0.1 here, and nothing contacts it)."""
-    tcp = f"tcp://{ADDRESS}:443"
-    return {"HOSTNAME": pod, "KUBERNETES_SERVICE_HOST": ADDRESS, "KUBERNETES_SERVICE_PORT": "443",
-            "KUBERNETES_SERVICE_PORT_HTTPS": "443", "KUBERNETES_PORT": tcp, "KUBERNETES_PORT_443_TCP": tcp,
-            "KUBERNETES_PORT_443_TCP_PROTO": "tcp", "KUBERNETES_PORT_443_TCP_PORT": "443",
-            "KUBERNETES_PORT_443_TCP_ADDR": ADDRESS}
-
-
 def pod_variables(job_name: str, count: int, index: int, port: int, nproc: Optional[int],
                   legacy: bool = False) -> dict[str, str]:
     """The variables of pod ``index`` of ``count`` (see the module's docstring for their source)."""
     pods = host_names(job_name, count)
     master = pods[0]
-    env = kubernetes_variables(pods[index])
+    env = kubernetes.kubernetes_variables(pods[index])
     if legacy:
         env.update({"PYTHONUNBUFFERED": "0", "MASTER_PORT": str(port), "MASTER_ADDR": master,
                     "WORLD_SIZE": str(count), "RANK": str(index)})

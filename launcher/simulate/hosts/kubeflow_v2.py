@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from typing import Optional
 
 from launcher.simulate.config import Config
+from launcher.simulate.hosts import kubernetes
 from launcher.simulate.hosts.base import HostSpec, plain_hosts
-from launcher.simulate.hosts.kubeflow import kubernetes_variables
 
 NAME = "kubeflow-v2"
-SUMMARY_NOTE = "on Kubernetes each pod's files go with the pod unless the job mounts a volume"
+SUMMARY_NOTE = kubernetes.SUMMARY_NOTE
 
 
 def host_names(job_name: str, count: int) -> tuple[str, ...]:
@@ -35,7 +35,7 @@ def dns_names(job_name: str, count: int) -> tuple[str, ...]:
 
 def pod_variables(job_name: str, count: int, index: int, port: int, nproc: Optional[int]) -> dict[str, str]:
     """The variables of pod ``index`` of ``count`` (see the module's docstring for their source)."""
-    env = kubernetes_variables(host_names(job_name, count)[index])
+    env = kubernetes.kubernetes_variables(host_names(job_name, count)[index])
     env.update({"JOB_COMPLETION_INDEX": str(index), "PET_NNODES": str(count),
                 "PET_NPROC_PER_NODE": str(nproc) if nproc else "auto", "PET_NODE_RANK": str(index),
                 "PET_MASTER_ADDR": dns_names(job_name, count)[0], "PET_MASTER_PORT": str(port)})

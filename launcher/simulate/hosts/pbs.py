@@ -17,11 +17,11 @@ the ``qsub(1B)`` and ``pbsdsh(1B)`` manual pages:
 PBS names no current host in a variable: a node knows itself by its kernel host name, and so does
 the launcher (``os.uname().nodename``). Each simulated host therefore runs in its own UTS and mount
 namespaces: ``unshare --uts --mount`` as root, else ``unshare --user --map-root-user --uts --mount``
-where unprivileged user namespaces are allowed. A small Python shim sets the node's host name,
-bind-mounts the job's hosts file (every node at 127.0.0.1, then this machine's ``/etc/hosts``) over
-``/etc/hosts`` as a real node resolves its own and its peers' names (torch looks its host name up:
-without it, glibc would ask the DNS server), and ``exec``\\ s the launcher, so the host's PID is the
-launcher's. Where neither is permitted, ``--platform pbs`` is refused (exit 2) before anything is
+where unprivileged user namespaces are allowed. :mod:`launcher.simulate.become` sets the node's host
+name, bind-mounts the job's hosts file (every node at 127.0.0.1, then this machine's ``/etc/hosts``)
+over ``/etc/hosts`` as a real node resolves its own and its peers' names (torch looks its host name
+up: without it, glibc would ask the DNS server), and ``exec``\\ s the launcher, so the host's PID is
+the launcher's. Where neither is permitted, ``--platform pbs`` is refused (exit 2) before anything is
 written. The network is the machine's; ``LAUNCHER_RESOLVE`` maps every node to 127.0.0.1 as on the
 other platforms. With ``--network netns`` none of this is needed: simulate's lab gives every node its
 own network, host name and ``/etc/hosts`` (:mod:`launcher.simulate.netns`).
@@ -40,28 +40,14 @@ from collections.abc import Mapping
 from typing import Optional
 
 from launcher.errors import ConfigError
+from launcher.simulate import become
 from launcher.simulate.config import Config
-from launcher.simulate.hosts.base import (
-    ADDRESS,
-    HostSpec,
-    in_namespaces,
-    permitted_commands,
-    plain_hosts,
-    probe_succeeds,
-)
-from launcher.simulate.hosts.slurm import job_id
+from launcher.simulate.hosts.base import HostSpec, in_namespaces, job_number, plain_hosts
 
 NAME = "pbs"
 SUMMARY_NOTE = "each node's files stay in its directory (a real job's PBS_O_WORKDIR is usually shared)"
 SERVER, QUEUE = "pbs-server", "workq"  # workq: the default queue of OpenPBS and PBS Professional
-# argv: NAME HOSTS PROGRAM ARGS...: become host NAME with HOSTS as /etc/hosts (MS_BIND = 4096), then be
-# PROGRAM in the same process. Run with -S (no site import: fast).
-BECOME_HOST = ("import ctypes, os, socket, sys; socket.sethostname(sys.argv[1]); "
-               "libc = ctypes.CDLL(None, use_errno=True); "
-               "libc.mount(sys.argv[2].encode(), b'/etc/hosts', None, 4096, None) == 0 or "
-               "sys.exit(f'cannot mount {sys.argv[2]} on /etc/hosts: {os.strerror(ctypes.get_errno())}'); "
-               "os.execv(sys.argv[3], sys.argv[3:])")
-NAMESPACES = (("unshare", "--uts", "--mount"), ("unshare", "--user", "--map-root-user", "--uts", "--mount"))
+NAMESPACES = become.unshare_forms("--uts", "--mount")
 
 
 def host_names(job_name: str, count: int) -> tuple[str, ...]:
@@ -71,7 +57,7 @@ def host_names(job_name: str, count: int) -> tuple[str, ...]:
 
 def job_identifier(job_name: str) -> str:
     """``PBS_JOBID``: ``<sequence number>.<server>``."""
-    return f"{job_id(job_name)}.{SERVER}"
+    return f"{job_number(job_name)}.{SERVER}"
 
 
 def node_file_text(hosts: tuple[str, ...], slots: int) -> str:
@@ -93,29 +79,17 @@ def node_variables(job_name: str, count: int, index: int, node_file: str, slots:
 
 def namespace_command() -> tuple[str, ...]:
     """The ``unshare`` command that gives a host its own host name here, or ConfigError (exit 2)."""
-    for command in permitted_commands(NAMESPACES):
-        if probe_succeeds(host_argv(command, "probe", "/etc/hosts", (sys.executable, "-S", "-c", "pass"))):
-            return command
+    command = become.first_permitted(NAMESPACES, lambda form: become.probe_succeeds(
+        host_argv(form, "probe", "/etc/hosts", (sys.executable, "-S", "-c", "pass"))))
+    if command is not None:
+        return command
     raise ConfigError("--platform pbs needs a host name per host: 'unshare --uts --mount' (root) or 'unshare "
                       "--user --map-root-user --uts --mount' (unprivileged user namespaces) is not permitted here")
 
 
 def host_argv(command: tuple[str, ...], name: str, hosts_file: str, argv: tuple[str, ...]) -> tuple[str, ...]:
     """``argv`` run as host ``name`` with ``hosts_file`` as its ``/etc/hosts``, in new namespaces."""
-    return (*command, sys.executable, "-S", "-c", BECOME_HOST, name, hosts_file, *argv)
-
-
-def hosts_file_text(machine: str, hosts: tuple[str, ...]) -> str:
-    """Every node at 127.0.0.1, then this machine's ``/etc/hosts`` text (the first line naming a host wins)."""
-    return "".join(f"{ADDRESS} {host}\n" for host in hosts) + machine
-
-
-def _machine_hosts() -> str:
-    try:
-        with open("/etc/hosts", encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""
+    return become.command(argv, hostname=name, binds=[(hosts_file, "/etc/hosts")], prefix=command)
 
 
 def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
@@ -129,7 +103,7 @@ def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[Ho
         if index == 0:  # the work directory exists now: PBS writes the file before the job starts
             os.makedirs(aux)
             for path, text in ((node_file, node_file_text(config.hosts, slots)),
-                               (hosts_file, hosts_file_text(_machine_hosts(), config.hosts))):
+                               (hosts_file, become.hosts_file_text(become.machine_hosts(), config.hosts))):
                 with open(path, "w", encoding="utf-8") as fh:
                     fh.write(text)
         return node_variables(config.job_name, count, index, node_file, slots, port, config.nproc_per_node,

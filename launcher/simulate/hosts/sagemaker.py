@@ -82,7 +82,7 @@ def host_argv(config: Config, raw_hps: Mapping[str, str]) -> tuple[str, ...]:
     return (sys.executable, bundle.ENTRY_POINT, *rendered)
 
 
-def make_tree(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
+def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
     """Write the work directory; on any error remove what was made and raise :class:`ConfigError`.
 
     ``--sdk v3``: :mod:`launcher.simulate.hosts.sagemaker_v3` (ModelTrainer's drivers) writes the hosts.
@@ -104,5 +104,3 @@ def make_tree(config: Config, environ: Mapping[str, str], port: int) -> list[Hos
         return specs
     return make_workdir(config.workdir, write, (OSError, tarfile.TarError))
 
-
-make_hosts = make_tree

@@ -17,11 +17,12 @@ container (``sagemaker-train`` 1.27: ``model_trainer.py``, ``constants.py``, ``t
   ``distributed_drivers/basic_script_driver.py``, which starts ``python <entry_script> --key value ...``.
 
 Those drivers hard-code ``/opt/ml``. Each host therefore runs in a mount namespace of its own
-(``unshare --mount`` as root, else ``unshare --user --map-root-user --mount``) in which a copy of
-``/opt`` (its entries bound in again) holds the host's tree as ``ml``, bound over ``/opt``, and the job's
-hosts file is bound over ``/etc/hosts`` (every ``algo-i`` at 127.0.0.1), so the SDK's files run
-unchanged. The machine's ``/opt`` and ``/etc/hosts`` are never touched; the mounts end with the host.
-Where neither namespace is permitted, ``--sdk v3`` is refused (exit 2) before anything is written.
+(``unshare --mount`` as root, else ``unshare --user --map-root-user --mount``) in which
+:mod:`launcher.simulate.become` binds a copy of ``/opt`` (its entries bound in again) holding the host's
+tree as ``ml`` over ``/opt``, and the job's hosts file over ``/etc/hosts`` (every ``algo-i`` at
+127.0.0.1), so the SDK's files run unchanged. The machine's ``/opt`` and ``/etc/hosts`` are never
+touched; the mounts end with the host. Where neither namespace is permitted, ``--sdk v3`` is refused
+(exit 2) before anything is written.
 
 The drivers and ``sm_train.sh`` are never written here: ``--sm-drivers DIR`` names the ``sm_drivers``
 channel the SDK uploaded (or wrote, see :mod:`launcher.simulate.hosts.sagemaker_v3_drivers`).
@@ -38,17 +39,9 @@ from typing import Any
 
 from launcher import proctree
 from launcher.platforms.sagemaker import bundle
+from launcher.simulate import become
 from launcher.simulate.config import Config
-from launcher.simulate.hosts.base import (
-    HostSpec,
-    caller_environment,
-    in_namespaces,
-    make_workdir,
-    permitted_commands,
-    probe_succeeds,
-    write_json,
-)
-from launcher.simulate.hosts.pbs import hosts_file_text
+from launcher.simulate.hosts.base import HostSpec, caller_environment, in_namespaces, make_workdir, write_json
 from launcher.simulate.hosts.sagemaker_env import estimator_environment
 from launcher.simulate.hosts.sagemaker_files import input_data_config, resource_config
 
@@ -57,32 +50,7 @@ DRIVERS_CHANNEL, CODE_CHANNEL = "sm_drivers", "code"
 TRAIN_SCRIPT = f"{CONTAINER_BASE}/input/data/{DRIVERS_CHANNEL}/sm_train.sh"
 # ModelTrainer's DEFAULT_CONTAINER_ENTRYPOINT + DEFAULT_CONTAINER_ARGUMENTS (sagemaker.train.constants).
 CONTAINER_COMMAND = ("/bin/bash", "-c", f"chmod +x {TRAIN_SCRIPT} && {TRAIN_SCRIPT}")
-# argv: TREE STAGE HOSTS PROGRAM ARGS...: bind TREE as /opt/ml and HOSTS as /etc/hosts, then be PROGRAM.
-# STAGE becomes the new /opt: every entry of the machine's /opt is bound in again, TREE as ml.
-# MS_BIND = 4096, MS_REC = 16384. Run with -S (no site import: fast).
-BECOME_HOST = """import ctypes, os, sys
-tree, stage, hosts = sys.argv[1:4]
-libc = ctypes.CDLL(None, use_errno=True)
-def bind(src, dst):
-    if libc.mount(src.encode(), dst.encode(), None, 4096 | 16384, None) != 0:
-        sys.exit(f'cannot bind {src} on {dst}: {os.strerror(ctypes.get_errno())}')
-os.makedirs(stage, exist_ok=True)
-for name in sorted(os.listdir('/opt')):
-    src, dst = os.path.join('/opt', name), os.path.join(stage, name)
-    if name == 'ml' or os.path.lexists(dst):
-        continue
-    if os.path.islink(src):
-        os.symlink(os.readlink(src), dst)
-        continue
-    os.mkdir(dst) if os.path.isdir(src) else open(dst, 'w').close()
-    bind(src, dst)
-os.makedirs(os.path.join(stage, 'ml'), exist_ok=True)
-bind(tree, os.path.join(stage, 'ml'))
-bind(stage, '/opt')
-bind(hosts, '/etc/hosts')
-os.execv(sys.argv[4], sys.argv[4:])
-"""
-NAMESPACES = (("unshare", "--mount"), ("unshare", "--user", "--map-root-user", "--mount"))
+NAMESPACES = become.unshare_forms("--mount")
 
 
 def safe_serialize(value: Any) -> str:
@@ -94,8 +62,9 @@ def safe_serialize(value: Any) -> str:
 
 def host_argv(command: tuple[str, ...], tree: str, stage: str, hosts: str,
               argv: tuple[str, ...]) -> tuple[str, ...]:
-    """``argv`` run with ``tree`` as ``/opt/ml`` and ``hosts`` as ``/etc/hosts``, in a new mount namespace."""
-    return (*command, sys.executable, "-S", "-c", BECOME_HOST, tree, stage, hosts, *argv)
+    """``argv`` run with ``tree`` as ``/opt/ml`` (``stage``: the new ``/opt``) and ``hosts`` as
+    ``/etc/hosts``, in a new mount namespace."""
+    return become.command(argv, binds=[(hosts, "/etc/hosts")], opt=(tree, stage), prefix=command)
 
 
 def namespace_command() -> tuple[str, ...]:
@@ -104,13 +73,15 @@ def namespace_command() -> tuple[str, ...]:
 
     from launcher.errors import ConfigError
 
-    for command in permitted_commands(NAMESPACES):
+    def works(form: tuple[str, ...]) -> bool:
         with tempfile.TemporaryDirectory(prefix="simulate-v3-probe-") as tmp:
             tree = os.path.join(tmp, "tree")
             os.mkdir(tree)
-            if probe_succeeds(host_argv(command, tree, os.path.join(tmp, "opt"), "/etc/hosts",
-                                        ("/bin/sh", "-c", f"test -d {CONTAINER_BASE}"))):
-                return command
+            return become.probe_succeeds(host_argv(form, tree, os.path.join(tmp, "opt"), "/etc/hosts",
+                                                   ("/bin/sh", "-c", f"test -d {CONTAINER_BASE}")))
+    command = become.first_permitted(NAMESPACES, works)
+    if command is not None:
+        return command
     raise ConfigError("--sdk v3 needs a mount namespace per host for its /opt/ml: 'unshare --mount' (root) or "
                       "'unshare --user --map-root-user --mount' is not permitted here")
 
@@ -182,7 +153,7 @@ def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[Ho
         hosts_file = os.path.join(namespaces, "hosts")
         with open("/etc/hosts", encoding="utf-8", errors="replace") as fh, \
                 open(hosts_file, "w", encoding="utf-8") as out:
-            out.write(hosts_file_text(fh.read(), config.hosts))
+            out.write(become.hosts_file_text(fh.read(), config.hosts))
         code = _code_dir(config, namespaces)
         env = host_environment(config, environ, port)
         specs = []

@@ -3,7 +3,7 @@ in step 0 of a batch job; nodes ``node1`` .. ``node<N>``.
 
 What each task of that step gets was measured on a real SLURM 22.05 cluster run on this project's
 machine (a controller and one ``slurmd`` per node, each node in its own network namespace; see
-``tests/slurm_lab.py``) when the launcher's ``launcher/platforms/slurm.py`` was written: for node ``i``
+``launcher/simulate/slurm_lab.py``) when the launcher's ``launcher/platforms/slurm.py`` was written: for node ``i``
 of ``N`` (0-based), job ``J``:
 
 - ``SLURM_JOB_ID`` = ``SLURM_JOBID`` = J, ``SLURM_STEP_ID`` = ``SLURM_STEPID`` = 0;
@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import zlib
 from collections.abc import Mapping
 from typing import Optional
 
 from launcher.simulate.config import Config
-from launcher.simulate.hosts.base import ADDRESS, HostSpec, plain_hosts
+from launcher.simulate.hosts.base import ADDRESS, HostSpec, job_number, plain_hosts
 
 NAME = "slurm"
 SUMMARY_NOTE = "each node's files stay in its directory (a real job's submit directory is usually shared)"
@@ -48,11 +47,6 @@ TASK_PID = ("/bin/sh", "-c", 'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@
 def host_names(job_name: str, count: int) -> tuple[str, ...]:
     """``node1`` .. ``node<N>``: the nodes' names in SLURM's configuration."""
     return tuple(f"node{i}" for i in range(1, count + 1))
-
-
-def job_id(job_name: str) -> int:
-    """The job's number: fixed for a job name, six digits, as a cluster's counter would have reached."""
-    return 100_000 + zlib.crc32(job_name.encode()) % 900_000
 
 
 def nodelist(count: int) -> str:
@@ -74,7 +68,7 @@ def node_variables(job_name: str, count: int, index: int, port: int, nproc: Opti
            "SLURM_LAUNCH_NODE_IPADDR": ADDRESS, "SLURM_SRUN_COMM_HOST": ADDRESS, "SLURM_CPUS_ON_NODE": "1",
            "SLURM_TOPOLOGY_ADDR_PATTERN": "node", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1",
            "LAUNCHER_MASTER_PORT": str(port)}
-    env.update(dict.fromkeys(("SLURM_JOB_ID", "SLURM_JOBID"), str(job_id(job_name))))
+    env.update(dict.fromkeys(("SLURM_JOB_ID", "SLURM_JOBID"), str(job_number(job_name))))
     env.update(dict.fromkeys(("SLURM_STEP_ID", "SLURM_STEPID"), "0"))
     env.update(dict.fromkeys(("SLURM_NODEID", "SLURM_PROCID", "SLURM_GTIDS"), str(index)))
     env.update(dict.fromkeys(("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_NODELIST"), nodelist(count)))

@@ -13,9 +13,14 @@ outlives it, even when the process that started it is killed:
   kills every process of the PID namespace, and with them the namespaces go. Nothing on the machine
   is edited: config, key, sockets, spool and logs are under the lab's own directory.
 
-Commands on the controller (``sbatch``, ``scontrol``) run through :meth:`SlurmLab.run`, which enters
-the lab's namespaces. Needs root (or user namespaces: not supported here) and Debian's ``slurm-wlm``
-and ``munge`` packages. A person can drive it with ``tools/slurm_lab.py up|run|down``.
+Its API: :func:`missing_requirement` (why no lab can run here, or None); ``SlurmLab(nodes).up()``;
+:meth:`SlurmLab.run` (a command on the controller or a node, entering the lab's namespaces),
+:meth:`SlurmLab.sbatch`, :meth:`SlurmLab.wait_job`, :meth:`SlurmLab.output`; :meth:`SlurmLab.lab_pids` and
+:meth:`SlurmLab.node_pids` (to prove nothing is left); :meth:`SlurmLab.down`; and
+:meth:`SlurmLab.attach` (a lab another process holds). Needs root (or user namespaces: not supported
+here) and Debian's ``slurm-wlm`` and ``munge`` packages. The tests (``tests/test_slurm_cluster.py``)
+use it; a person drives it with ``tools/slurm_lab.py up|run|down``. Standard library only; like the
+rest of :mod:`launcher.simulate` it runs on a workstation and never ships in a bundle.
 """
 
 from __future__ import annotations
@@ -113,6 +118,14 @@ class SlurmLab:
         self.anchor: Optional[subprocess.Popen] = None
         self.info: dict = {}
         self.pid_ns = ""
+        self._anchor_pid: Optional[int] = None  # known without a child when attached
+
+    @classmethod
+    def attach(cls, root: str, info: dict, anchor_pid: int) -> SlurmLab:
+        """The lab another process started in ``root`` (``info``: what its ``up`` read from the anchor)."""
+        lab = cls(nodes=len(info["holders"]), root=root)
+        lab.info, lab._anchor_pid = info, anchor_pid
+        return lab
 
     # ------------------------------------------------------------------ outside: the test's side
     def up(self, timeout: float = 30.0) -> None:
@@ -143,6 +156,8 @@ class SlurmLab:
 
     def anchor_pid(self) -> int:
         """Host PID of the lab's PID 1 (``unshare --fork`` is the anchor's parent)."""
+        if self._anchor_pid is not None:
+            return self._anchor_pid
         assert self.anchor is not None
         with open(f"/proc/{self.anchor.pid}/task/{self.anchor.pid}/children") as fh:
             return int(fh.read().split()[0])
