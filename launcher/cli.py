@@ -41,7 +41,6 @@ from launcher import codes, platforms, report, streams
 from launcher.cluster import Cluster
 from launcher.command import (
     Launch,
-    address_of,
     build_launch,
     cluster_for,
     job_identity,
@@ -219,7 +218,7 @@ def run(p: Plan, environ: Mapping[str, str], clock: Optional[Clock] = None) -> i
         if problem:
             notes.append(f"[{PROG}] could not write the outcome file {path}: {problem}")
     if text:
-        limit = p.choice.platform.report_limit or failure.REPORT_LIMIT
+        limit = p.choice.platform.report_limit or report.DEFAULT_LIMIT
         where = p.choice.platform.report_path(environ)
         if where is not None:
             problem = failure.write_failure_file(where, text, limit)
@@ -267,32 +266,10 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
         outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch,
                             rendezvous_timeout)
         clock = clock._replace(first_worker=failure.first_worker_start(p.launch.exit_dir))
-        cause = failure.find_root_cause(outcome, p.launch)
-        klass = report.classify(outcome, cause, failure.exit_code(outcome, cause))
-        code = report.code_of(klass, failure.exit_code(outcome, cause))
-        limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
-        text = ""
-        if code != 0:
-            rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "
-                          f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
-            if outcome.no_rendezvous:
-                from launcher.preflight import no_rendezvous_reason
-
-                master = address_of(c.master_addr or "", options.resolve)
-                rendezvous += ": " + no_rendezvous_reason(master, master_port(c, options), c.node_rank)
-            text = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
-        verdict = report.own_verdict(klass, code, outcome, cause, text, c.current_host)
-        if watch is not None:  # the job's root cause first, its exit code, wherever it happened
-            from launcher.jobwatch import conclude
-
-            code, text = conclude(watch, c.current_host, outcome, cause, code, text)
-            event = watch.cause()
-            if event is not None and event.host != c.current_host and text.startswith(event.report + "\nthen "):
-                verdict = report.remote_verdict(verdict, event.kind, event.host, event.code, event.report)
-            verdict = verdict._replace(code=code, root_cause=text.split("\n", 1)[0])
-        if code == 0 and outcome.stop_signal is not None:
+        verdict, text = report.judge(c, options, p.choice.platform, p.launch, outcome, watch)
+        if verdict.code == 0 and outcome.stop_signal is not None:
             log("stopped by a signal; every worker finished cleanly")
-        return verdict, clock, text if code != 0 else ""
+        return verdict, clock, text
     finally:
         if watch is not None:
             watch.close()

@@ -96,6 +96,7 @@ def hosts_run(tmp_path, names, fail_rank, wrap):
     return bases, [p.returncode for p in procs], ["".join(e) for e in errs]
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("wrap", ["record", "plain"])
 def test_one_host_line_2_is_the_exception(tmp_path, wrap):
     bases, codes, errs = hosts_run(tmp_path, ["algo-1"], 1, wrap)
@@ -106,6 +107,7 @@ def test_one_host_line_2_is_the_exception(tmp_path, wrap):
     assert not any(line.startswith("[rank") for line in report)  # the report carries no prefixes
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("wrap", ["record", "plain"])
 def test_two_hosts_agree_and_line_2_is_the_exception_everywhere(tmp_path, wrap):
     bases, codes, errs = hosts_run(tmp_path, ["algo-1", "algo-2"], 2, wrap)
