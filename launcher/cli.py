@@ -195,8 +195,6 @@ def run(p: Plan, environ: Mapping[str, str], clock: Optional[Clock] = None) -> i
     after it killed the job if the launcher itself is killed. The outcome file is written at the end
     of every run (:mod:`launcher.report`), also when the launcher itself failed.
     """
-    from launcher import failure
-
     clock = clock or Clock(time.time())
     text = ""
     try:
@@ -208,26 +206,10 @@ def run(p: Plan, environ: Mapping[str, str], clock: Optional[Clock] = None) -> i
         streams.write(sys.stderr, trace)
         verdict = Verdict(codes.INTERNAL, codes.INTERNAL_CODE, root_cause=f"{p.cluster.current_host}: the launcher "
                           f"failed (exit code {codes.INTERNAL_CODE})", exception=trace.splitlines()[-1])
-    notes = []
-    path = outcome_path(p.invocation.options, p.choice.platform, environ)
-    if path is not None:
-        c = p.cluster
-        data = report.outcome_data(verdict, clock._replace(ended=time.time()), c.current_host, c.node_rank,
-                                   c.nnodes, c.platform)
-        problem = report.write_outcome(path, data)
-        if problem:
-            notes.append(f"[{PROG}] could not write the outcome file {path}: {problem}")
-    if text:
-        limit = p.choice.platform.report_limit or report.DEFAULT_LIMIT
-        where = p.choice.platform.report_path(environ)
-        if where is not None:
-            problem = failure.write_failure_file(where, text, limit)
-            if problem:
-                notes.append(f"[{PROG}] could not write the failure report to {where}: {problem}")
-        failure.print_report(text, notes)  # the report ends stderr
-    else:
-        for note in notes:
-            streams.write(sys.stderr, note + "\n")
+    c = p.cluster
+    report.deliver(verdict, text, clock, outcome_path(p.invocation.options, p.choice.platform, environ),
+                   p.choice.platform.report_path(environ), p.choice.platform.report_limit,
+                   (c.current_host, c.node_rank, c.nnodes, c.platform))
     return verdict.code
 
 
@@ -336,9 +318,7 @@ def _bad_input_outcome(args: Sequence[str], environ: Mapping[str, str], message:
         pass
     path = outcome_path(options, platform, environ) if options else (
         environ.get("LAUNCHER_OUTCOME_FILE") or (platform.outcome_path(environ) if platform else None))
-    if path:
+    if path:  # silently: bad input is said in one line
         verdict = Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=message.split("\n", 1)[0])
-        problem = report.write_outcome(path, report.outcome_data(verdict, clock._replace(ended=time.time()),
-                                                                 None, None, None, platform.name if platform else None))
-        if problem:
-            log(f"could not write the outcome file {path}: {problem}")
+        report.write_outcome(path, report.outcome_data(verdict, clock._replace(ended=time.time()), None, None,
+                                                       None, platform.name if platform else None))

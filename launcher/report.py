@@ -261,3 +261,26 @@ def judge(cluster: Any, options: Any, platform: Any, launch: Any, outcome: Outco
     if code != 0 and event is not None and not (primary and not event.primary):
         verdict = remote_verdict(verdict, event.kind, event.host, event.code, event.report)
     return verdict._replace(code=job_code, root_cause=text.split("\n", 1)[0]), text
+
+
+def deliver(verdict: Verdict, text: str, clock: Clock, outcome_path: Optional[str], report_path: Optional[str],
+            limit: int, where: tuple[Optional[str], Optional[int], Optional[int], Optional[str]]) -> None:
+    """Write the outcome file and the failure report, then print the report as stderr's last lines.
+
+    ``where``: this host's name, node rank, node count and platform. What could not be written is
+    said in one line each, before the report. Never raises.
+    """
+    notes = []
+    if outcome_path is not None:
+        data = outcome_data(verdict, clock._replace(ended=time.time()), *where)
+        problem = write_outcome(outcome_path, data)
+        if problem:
+            notes.append(f"[ddp-launcher] could not write the outcome file {outcome_path}: {problem}")
+    if text and report_path is not None:
+        problem = failure.write_failure_file(report_path, text, limit or DEFAULT_LIMIT)
+        if problem:
+            notes.append(f"[ddp-launcher] could not write the failure report to {report_path}: {problem}")
+    if text:
+        failure.print_report(text, notes)  # the report ends stderr
+    elif notes:
+        failure.print_report(notes[-1], notes[:-1])
