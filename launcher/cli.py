@@ -41,7 +41,6 @@ from launcher import codes, platforms, report, streams
 from launcher.cluster import Cluster
 from launcher.command import (
     Launch,
-    address_of,
     build_launch,
     cluster_for,
     job_identity,
@@ -216,25 +215,25 @@ def run(p: Plan, environ: Mapping[str, str], clock: Optional[Clock] = None) -> i
     of every run (:mod:`launcher.report`), also when the launcher itself failed.
     """
     clock = clock or Clock(time.time())
-    verdict = Verdict(codes.INTERNAL, codes.INTERNAL_CODE, root_cause="the launcher failed")
+    text = ""
     try:
-        verdict, clock = _run(p, environ, clock)
-        return verdict.code
+        verdict, clock, text = _run(p, environ, clock)
     except Exception as exc:  # the launcher's own error: said, classed and written down like any other end
         import traceback
 
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        streams.write(sys.stderr, text)
-        verdict = verdict._replace(root_cause=f"{p.cluster.current_host}: the launcher failed (exit code "
-                                              f"{codes.INTERNAL_CODE})", exception=text.splitlines()[-1])
-        return codes.INTERNAL_CODE
-    finally:
-        write_outcome_file(p, environ, verdict, clock)
+        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        streams.write(sys.stderr, trace)
+        verdict = Verdict(codes.INTERNAL, codes.INTERNAL_CODE, root_cause=f"{p.cluster.current_host}: the launcher "
+                          f"failed (exit code {codes.INTERNAL_CODE})", exception=trace.splitlines()[-1])
+    c = p.cluster
+    report.deliver(verdict, text, clock, outcome_path(p.invocation.options, p.choice.platform, environ),
+                   p.choice.platform.report_path(environ), p.choice.platform.report_limit,
+                   (c.current_host, c.node_rank, c.nnodes, c.platform))
+    return verdict.code
 
 
-def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Clock]:
+def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Clock, str]:
     from launcher import failure, proctree  # not needed by --dry-run: imported here to keep start-up short
-    from launcher.logspace import disk_full_note
     from launcher.supervise import supervise
 
     c = p.cluster
@@ -249,7 +248,7 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
             wait_for_names(names, p.invocation.options.resolve, float(p.invocation.options.rdzv_timeout), log)
         except ConfigError as exc:
             streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
-            return Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=str(exc)), clock
+            return Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=str(exc)), clock, ""
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
     watchdog = proctree.Watchdog(log)  # forked before any pipe exists: it holds none of them
@@ -277,52 +276,10 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
         if hangs is not None:
             hangs.close()  # a hang being decided is finished first
         clock = clock._replace(first_worker=failure.first_worker_start(p.launch.exit_dir))
-        cause = failure.find_root_cause(outcome, p.launch)
-        klass = report.classify(outcome, cause, failure.exit_code(outcome, cause))
-        code = report.code_of(klass, failure.exit_code(outcome, cause))
-        limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
-        text = ""
-        if code != 0:
-            rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "
-                          f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
-            if outcome.no_rendezvous:
-                from launcher.preflight import no_rendezvous_reason
-
-                master = address_of(c.master_addr or "", options.resolve)
-                rendezvous += ": " + no_rendezvous_reason(master, master_port(c, options), c.node_rank)
-            text = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
-            full = disk_full_note(p.launch.run_dir)  # the true cause of a failure nothing else explains
-            if full:
-                head, _, rest = text.partition("\n")
-                text = "\n".join(line for line in (head, full, rest) if line)[:limit]
-        verdict = report.own_verdict(klass, code, outcome, cause, text, c.current_host)
-        if hangs is not None and hangs.verdict:  # no progress anywhere: node 0's verdict, the same on every host
-            code, text = codes.HANG_CODE, hangwatch.report(hangs, limit)
-            rank, host = hangs.culprit
-            verdict = report.Verdict(codes.HANG, code, rank=rank, root_cause=text.split("\n", 1)[0],
-                                     root_cause_host=host)
-        if watch is not None:  # the job's root cause first, its exit code, wherever it happened
-            from launcher.jobwatch import conclude
-
-            if hangs is not None and hangs.verdict:  # tell the others; every host has the same verdict
-                watch.finish(code, text, True)
-            else:
-                code, text = conclude(watch, c.current_host, outcome, cause, code, text)
-                event = watch.cause()
-                if event is not None and event.host != c.current_host and text.startswith(event.report + "\nthen "):
-                    verdict = report.remote_verdict(verdict, event.kind, event.host, event.code, event.report)
-                verdict = verdict._replace(code=code, root_cause=text.split("\n", 1)[0])
-        if code != 0:
-            notes = []
-            path = p.choice.platform.report_path(environ)
-            if path is not None:
-                problem = failure.write_failure_file(path, text, limit)
-                if problem:
-                    notes.append(f"[{PROG}] could not write the failure report to {path}: {problem}")
-            failure.print_report(text, notes)
-        elif outcome.stop_signal is not None:
+        verdict, text = report.judge(c, options, p.choice.platform, p.launch, outcome, watch, hangs)
+        if verdict.code == 0 and outcome.stop_signal is not None:
             log("stopped by a signal; every worker finished cleanly")
-        return verdict, clock
+        return verdict, clock, text
     finally:
         if watch is not None:
             watch.close()
@@ -341,19 +298,6 @@ def outcome_path(options: Optional[Options], platform: Optional[platforms.Platfo
     if options is not None and options.outcome_file:
         return options.outcome_file
     return platform.outcome_path(environ) if platform is not None else None
-
-
-def write_outcome_file(p: Plan, environ: Mapping[str, str], verdict: Verdict, clock: Clock) -> None:
-    """Write this run's outcome file, if it has a place; a failure to write it is one stderr line."""
-    path = outcome_path(p.invocation.options, p.choice.platform, environ)
-    if path is None:
-        return
-    c = p.cluster
-    data = report.outcome_data(verdict, clock._replace(ended=time.time()), c.current_host, c.node_rank,
-                               c.nnodes, c.platform)
-    problem = report.write_outcome(path, data)
-    if problem:
-        log(f"could not write the outcome file {path}: {problem}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -404,9 +348,7 @@ def _bad_input_outcome(args: Sequence[str], environ: Mapping[str, str], message:
         pass
     path = outcome_path(options, platform, environ) if options else (
         environ.get("LAUNCHER_OUTCOME_FILE") or (platform.outcome_path(environ) if platform else None))
-    if path:
+    if path:  # silently: bad input is said in one line
         verdict = Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=message.split("\n", 1)[0])
-        problem = report.write_outcome(path, report.outcome_data(verdict, clock._replace(ended=time.time()),
-                                                                 None, None, None, platform.name if platform else None))
-        if problem:
-            log(f"could not write the outcome file {path}: {problem}")
+        report.write_outcome(path, report.outcome_data(verdict, clock._replace(ended=time.time()), None, None,
+                                                       None, platform.name if platform else None))

@@ -52,6 +52,12 @@ _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|
 # any of them nested; then a C++ log template ("[W1125 03:04:05.123 pid file.cpp:12] ...") marks a log line.
 _LINE_PREFIX = re.compile(r"^\s*\[[A-Za-z_]*\d+\]:[ \t]?")
 _LOG_TEMPLATE = re.compile(r"^\s*\[[IWEF]\d{4} ")
+# A worker's failure that is the consequence of another's: its peer vanished from a collective (gloo,
+# NCCL), or the rendezvous store broke.
+_PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|DistNetworkError|DistStoreError|"
+                        r"DistBackendError|NCCL (error|communicator)|remote process exited|timed out|Timeout",
+                        re.IGNORECASE)
+MAX_ENTRIES_READ = 16  # failed workers of one host whose evidence is read to find the one that failed on its own
 _NOISE = re.compile(r"^\s*\[[IW]\d{4} ")  # C++ info and warning lines: never part of a report
 
 
@@ -293,14 +299,23 @@ def find_root_cause(outcome: Outcome, launch: Launch) -> Optional[RootCause]:
             exception = f"torchrun was killed by {signal_name(-outcome.returncode)}"
         return RootCause(None, None, None, exception or "torchrun failed",
                          (own or {}).get("traceback") or stderr)
-    entry = pick_root_cause(entries)
+    first = pick_root_cause(entries)
+    ordered = [first] + [e for e in entries if e is not first and _exitcode(e) != -signal.SIGTERM]
+    causes = [_cause_of(entry, entry is entries[0], launch) for entry in ordered[:MAX_ENTRIES_READ]]
+    # A worker that failed because its peer went away (another host, another local rank) is not the
+    # cause when one of this host's failed on its own.
+    return next((c for c in causes if not peer_lost(c.exception)), causes[0])
+
+
+def _cause_of(entry: dict[str, str], table_root: bool, launch: Launch) -> RootCause:
+    """One failed worker of torchrun's table, with its exception from its error file or its stderr log."""
     rank_match = _RANK.match(entry.get("rank", ""))
     rank = int(rank_match.group(1)) if rank_match else None
     local_rank = int(rank_match.group(2)) if rank_match else None
     exitcode = _exitcode(entry)
     asked, teardown = _asked_code(entry, exitcode, launch, local_rank)
     # torchrun copies the table's root cause's error file to its own: only that one's is trusted there.
-    recorded = ((read_error_file(launch.error_file) if entry is entries[0] else None)
+    recorded = ((read_error_file(launch.error_file) if table_root else None)
                 or read_error_file(entry.get("error_file")))
     if recorded and recorded["exception"]:
         return RootCause(rank, local_rank, exitcode, recorded["exception"], recorded["traceback"], asked, teardown)
@@ -309,6 +324,11 @@ def find_root_cause(outcome: Outcome, launch: Launch) -> Optional[RootCause]:
     if not exception and exitcode is not None and exitcode < 0 and asked is None:
         exception = f"killed by {signal_name(-exitcode)}"
     return RootCause(rank, local_rank, exitcode, exception, stderr, asked, teardown)
+
+
+def peer_lost(exception: str) -> bool:
+    """True when an exception is a collective's or the store's lost peer: a consequence of another's failure."""
+    return bool(_PEER_LOST.search(exception))
 
 
 def _asked_code(entry: dict[str, str], exitcode: Optional[int], launch: Launch,

@@ -57,7 +57,8 @@ Any failure or loss elsewhere stops this host's workers at once (the stop path o
 no collective-consistent checkpoint is possible, and a worker blocked in a collective never runs its
 Python SIGTERM handler, so a longer grace period only delays the end). The job's root cause, which
 every host's report starts with and whose exit code every host exits with, is the first failure that
-is not a consequence of another (``primary``), else the first loss or failure seen. A lost host counts
+is not a consequence of another (``primary``), else the first loss or failure seen; this module hands
+it over as an :class:`Event` and :mod:`launcher.report` makes the verdict. A lost host counts
 as killed by SIGKILL (exit code 137): from outside, power loss, a preempted VM and a dead network look
 the same, and 137 is what platforms' retry policies already treat as "the machine went away".
 After its own workers succeeded the hub relays for the others at most the loss timeout more.
@@ -71,7 +72,6 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import selectors
 import socket
 import threading
@@ -79,18 +79,17 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Protocol, Union
 
+from launcher import codes
 from launcher.command import address_of, job_identity, master_port, watch_ports
 
 if TYPE_CHECKING:
     from launcher.cluster import Cluster
-    from launcher.failure import RootCause
     from launcher.options import Options
-    from launcher.outcome import Outcome
 
 MAX_LINE = 4096  # bytes of one message: a report head is at most ~600 characters
 REPORT_LINES, REPORT_CHARS = 2, 600  # what a ``failed`` message carries of a host's report
 REMOTE_GRACE = 1.0  # the grace period of a stop caused by another host (at most the configured one)
-LOST_CODE = 137  # a lost host: as if SIGKILLed (see the module's docstring)
+LOST_CODE = codes.HOST_LOST_CODE  # a lost host: as if SIGKILLed (see the module's docstring)
 LOSS_TIMEOUT = 30.0  # default: a host silent this long is lost (see the module's docstring)
 HEARTBEAT = 1.0  # seconds between heartbeats (a third of the loss timeout when that is below 3 s)
 SUSPECT_AFTER = 3.0  # silence that makes a host suspect (half the loss timeout when that is below 6 s)
@@ -101,12 +100,6 @@ RETRY = 0.5  # between a client's connection attempts
 MAX_PENDING = 64  # connections without a hello held at once, besides one per node
 MAX_OUT = 1 << 20  # bytes queued for a peer that does not read: beyond this its connection is closed
 LEAVE_WAIT = 2.0  # how long a client's last message may take to leave
-REPORT_LIMIT = 1024
-# A worker's failure that is the consequence of another host's: its peer vanished from a collective
-# (gloo, NCCL), or the rendezvous store broke.
-_SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|DistNetworkError|DistStoreError|"
-                        r"DistBackendError|NCCL (error|communicator)|remote process exited|timed out|Timeout",
-                        re.IGNORECASE)
 
 StopRequest = Callable[[float, str], None]
 
@@ -135,20 +128,9 @@ class _Junk(Exception):
     """A line that is not a valid message of this job (its text says why)."""
 
 
-def is_secondary(exception: str, rank: Optional[int]) -> bool:
-    """True when a failure looks caused by another host: torchrun itself failed (``rank`` None: its
-    rendezvous broke) or the exception is a collective's or the store's lost peer."""
-    return rank is None or bool(_SECONDARY.search(exception))
-
-
 def report_head(report: str) -> str:
     """The first lines of a failure report: who failed, how, and the exception line."""
     return "\n".join(report.splitlines()[:REPORT_LINES])[:REPORT_CHARS]
-
-
-def job_report(cause: Event, here: str) -> str:
-    """This host's report when another host caused the failure: the cause first, then what happened here."""
-    return f"{cause.report}\nthen {here}"[:REPORT_LIMIT]
 
 
 def _text(value: object, limit: int = REPORT_CHARS) -> str:
@@ -245,25 +227,22 @@ class Watch:
         """True while a handshaken peer is connected."""
         return any(c.node is not None for c in list(self.conns.values()))
 
-    def finish(self, code: int, report: str, primary: bool) -> tuple[int, str]:
-        """Tell the others how this host ended; the job's exit code and this host's report.
+    def finish(self, code: int, head: str, primary: bool) -> Optional[Event]:
+        """Tell the others how this host ended (``head``: the first lines of its report, empty on success);
+        returns the job's root cause seen by then (the verdict is :mod:`launcher.report`'s).
 
-        ``report`` is this host's own (empty on success), ``primary`` False when its failure looks
-        caused by another host: then the watch waits (at most the loss timeout + 1 s) for that cause.
+        ``primary`` False when this host's failure looks caused by another host: then the watch waits
+        (at most the loss timeout + 1 s) for that cause.
         """
         if code != 0 and not primary:
             self.wait_for_cause(self.timeout + 1.0)
         cause = self.cause()
         if code == 0:
             self._leave({"t": "done", "node": self.node, "host": self.host}, code)
-            return 0, ""
-        mine = Event("failed", self.node, self.host, code, report_head(report), primary)
+            return cause
+        mine = Event("failed", self.node, self.host, code, report_head(head), primary)
         self._leave({"t": "failed", **mine._asdict()}, code)
-        if self.off:
-            report = f"{report}\n(job watch off on this host: {self.off})"[:REPORT_LIMIT]
-        if cause is None or (primary and not cause.primary):
-            return code, report
-        return cause.code, job_report(cause, report)
+        return cause
 
     def close(self) -> None:
         """End the loop thread and close every socket."""
@@ -999,15 +978,3 @@ def for_cluster(cluster: Cluster, options: Options, log: Callable[[str], None],
     return start(cluster.node_rank, cluster.current_host, cluster.nnodes,
                  address_of(cluster.master_addr or "", options.resolve), watch_ports(cluster, options, job),
                  options.loss_timeout, float(options.rdzv_timeout), log, job=job, secret=secret)
-
-
-def conclude(watch: Watch, host: str, outcome: Outcome, cause: Optional[RootCause], code: int,
-             report: str) -> tuple[int, str]:
-    """The job's exit code and this host's report, told to the others (see :meth:`Watch.finish`)."""
-    if code != 0 and watch.stopped_job and outcome.stop_signal is not None:
-        killed = "; the rest killed after it" if outcome.killed_after_grace else ""
-        return watch.finish(code, f"{host}: its workers were stopped because of that (SIGTERM, grace period at most "
-                                  f"{REMOTE_GRACE:g} s{killed})", False)
-    primary = outcome.stop_signal is not None or (
-        cause is not None and not is_secondary(cause.exception, cause.rank))
-    return watch.finish(code, report, primary)

@@ -61,7 +61,7 @@ def test_another_hosts_cause_keeps_its_class():
                                               "cleanly (exit code 143)") == codes.STOPPED
 
 
-@settings(deadline=None, max_examples=60)  # each example writes and fsyncs a file: no time bound
+@settings(deadline=None, max_examples=20)  # each example writes and fsyncs a file: no time bound
 @given(klass=st.sampled_from(CLASSES), code=st.integers(1, 255), rank=st.none() | st.integers(0, 10**6),
        text=st.text(max_size=3000), signal_name=st.none() | st.sampled_from(["SIGKILL", "SIGTERM"]),
        host=st.none() | st.text(min_size=1, max_size=300), elapsed=st.floats(0, 10**6))
@@ -106,6 +106,7 @@ def one_host(tmp_path, args, **env):
     return base, proc.returncode, err
 
 
+@pytest.mark.job
 def test_success_is_written_too_with_its_durations(tmp_path):
     base, code, err = one_host(tmp_path, [WORKER, "--steps", "2"])
     assert code == 0, err[-3000:]
@@ -115,6 +116,7 @@ def test_success_is_written_too_with_its_durations(tmp_path):
     assert data["launcher_version"] == __import__("launcher").__version__
 
 
+@pytest.mark.job
 def test_a_workers_code_and_the_chosen_file(tmp_path):
     where = tmp_path / "elsewhere" / "run.outcome.json"
     base, code, err = one_host(tmp_path, [f"--outcome-file={where}", WORKER, "--exit-code", "7", "--fail-rank", "1"])
@@ -137,6 +139,7 @@ def test_bad_input_is_written_before_anything_starts(tmp_path):
     assert data["root_cause"] == proc.stderr.strip().split("error: ", 1)[1]
 
 
+@pytest.mark.job
 def test_the_launchers_own_error_is_internal_and_written(tmp_path, capfd):
     """A real failure of the launcher itself: the Python it was told to start torchrun with is gone."""
     base = make_host(tmp_path, "algo-1", ["algo-1"])
@@ -165,6 +168,7 @@ def two_hosts(tmp_path, worker_args):
     return bases, procs, errs
 
 
+@pytest.mark.job
 def test_a_lost_host_and_a_sigkilled_worker_share_137_but_not_their_class(tmp_path):
     # A worker the kernel SIGKILLs (as the OOM killer does): every host says worker_signal, SIGKILL.
     bases, procs, errs = two_hosts(tmp_path / "oom", [*["--steps", "100000", "--step-sleep", "0.05"],
@@ -197,3 +201,27 @@ def test_a_lost_host_and_a_sigkilled_worker_share_137_but_not_their_class(tmp_pa
     assert (data["class"], data["signal"], data["root_cause_host"]) == ("host_lost", None, "algo-2")
     assert data["infrastructure"] and data["root_cause"].startswith("algo-2 lost: ")
     assert json.loads(json.dumps(data)) == data
+
+
+def test_one_limit_per_platform_applied_once():
+    """Another host's cause then this host's own report: cut at the platform's limit (Kubernetes 4096), not 1024."""
+    from launcher.jobwatch import Event
+    from launcher.platforms import kubeflow
+
+    cause = Event("failed", 1, "pod-1", 7, "pod-1: rank 2 (local rank 0) exited with code 7\nValueError: x", True)
+    own = "pod-0: rank 0 (local rank 0) exited with code 1\n" + "\n".join(f"  frame {i}" for i in range(600))
+    limit = kubeflow.PLATFORM.report_limit
+    code, text = report.job_result(cause, 1, own, False, "", limit)
+    assert code == 7 and len(text) == limit == 4096
+    assert text.splitlines()[:3] == [*cause.report.splitlines(), "then " + own.splitlines()[0]]
+    assert report.job_result(None, 1, own, True, "", limit) == (1, own[:limit])
+    assert report.job_result(cause, 0, "", True) == (0, "")
+
+
+def test_the_verdict_has_one_home():
+    """The job watch keeps its wire protocol; choosing the code and the report is launcher/report.py's."""
+    from launcher import jobwatch, preflight
+
+    for name in ("conclude", "job_report", "is_secondary", "REPORT_LIMIT"):
+        assert not hasattr(jobwatch, name)
+    assert not hasattr(preflight, "no_rendezvous_reason") and hasattr(report, "no_rendezvous_reason")
