@@ -28,14 +28,21 @@ names every module and only modules that exist):
 - ``groups``: hosts outside the training world: the script once, without torchrun, supervised.
 - ``command``: platform + options -> the ``Cluster`` (``cluster_for``), then torchrun's exact argv and env.
 - ``preflight``: bounded waits for host names and files the cluster publishes late.
+- ``bootstrap``: what torchrun runs for each worker: the script as ``python script.py``, and the code it asked for.
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
 - ``streams``: standard streams that are always there, and writes that never fail.
 - ``logspace``: the worker logs' disk use under ``$TMPDIR`` kept bounded while torchrun runs; a full disk named.
 - ``proctree``: finding and ending the processes the launcher started (the watchdog).
-- ``jobwatch``: the launchers of one job watch each other; a failed or lost host stops the job.
+- ``jobwatch``: the launchers of one job watch each other (the wire protocol); a failed or lost host stops
+  the job; the job's root cause is handed over as an ``Event``.
+- ``progress``: when each rank was last heard (its output lines, its progress beats).
+- ``hangwatch``: no progress anywhere for the hang timeout: every rank's stacks, the culprit named.
+- ``hang``: reading stack dumps: each rank's innermost user frame, the odd one out, the sentence.
 - ``outcome``: how torchrun ended, as the supervisor hands it on.
 - ``codes``: the classes of a run's outcome and their exit codes.
-- ``failure``: the root cause, the true exit code and the report for the platform.
+- ``failure``: torchrun's evidence: the root cause, the code the worker asked for, the report's text and file.
+- ``report``: the verdict: class, exit code and report (the job watch's cause first, one limit per platform),
+  the no-rendezvous diagnosis, and the outcome file (``docs/outcome.schema.json``).
 - ``simulate/``: N hosts of a platform as N launcher processes on one machine (``ddp-launcher simulate``).
 
   - ``simulate/config``: simulate's command line and its checks.

@@ -11,11 +11,20 @@ The launcher runs once on every host. It finds the platform (below), works out t
 this node's rank, the master and the processes per node, and starts one torchrun with the script
 and its arguments untouched. What it would start, and why, is printed by --dry-run.
 
-Exit codes: 0 when every worker succeeded; else the root-cause worker's own exit code, 128+N when
-it died of signal N, 128+N when the launcher was stopped by signal N and the workers did not finish
-cleanly, 2 for bad input (nothing is started then). With several nodes the launchers watch each
-other (launcher/jobwatch.py): when another host's workers fail, every host exits with that root
-cause's code and its report starts with it; a lost host (silent, or gone without a word) gives 137.
+Exit codes, by class (launcher/codes.py; the outcome file names the class, see --outcome-file):
+  0      success        every worker succeeded
+  N      worker_exit    the root-cause worker's own code (sys.exit(N); 1 for an exception), kept when
+                        it then crashed in interpreter teardown
+  128+N  worker_signal  the root-cause worker died of signal N (137: SIGKILL, e.g. the OOM killer)
+  137    host_lost      another host went silent or vanished (several nodes: the job watch)
+  124    hang           no rank made progress for the hang timeout
+  75     rendezvous     the hosts never completed the rendezvous
+  128+N  stopped        the launcher got signal N and the workers did not finish cleanly
+  2      bad_input      bad files, variables or options; nothing was started
+  70     internal       the launcher's own error
+Retry host_lost, rendezvous and stopped; never the others. With several nodes the launchers watch
+each other (launcher/jobwatch.py): when another host fails, every host exits with that root cause's
+code and its report starts with it.
 """
 
 from __future__ import annotations
@@ -24,14 +33,14 @@ import json
 import os
 import shlex
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from launcher import groups, platforms, streams
+from launcher import codes, groups, platforms, report, streams
 from launcher.cluster import Cluster
 from launcher.command import (
     Launch,
-    address_of,
     build_launch,
     cluster_for,
     job_identity,
@@ -42,6 +51,7 @@ from launcher.command import (
 from launcher.errors import ConfigError, shown
 from launcher.options import Invocation, Options, help_text, parse_invocation
 from launcher.platforms.base import Attempt, HostView, look_once
+from launcher.report import Clock, Verdict
 
 PROG = "ddp-launcher"
 RENDEZVOUS_MARGIN = 10.0  # seconds past --rdzv-timeout before a torchrun with no worker is ended
@@ -126,6 +136,12 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     if groups.watch_place(cluster)[1] > 1 and not options.no_job_watch:  # the watch's settings, checked first
         watch_ports(cluster, options, "0")
         watch_secret(options, environ)
+    if options.hang_timeout and (cluster.nnodes == 1 or not options.no_job_watch):
+        from launcher.hangwatch import worker_env
+        from launcher.platforms.devices import count_gpus
+
+        changes, hang_notes = worker_env(environ, run_dir, count_gpus(host.dev_dir))
+        launch = launch._replace(env_changes={**launch.env_changes, **changes}, notes=(*launch.notes, *hang_notes))
     grace = invocation.options.grace_period or choice.platform.grace_period
     return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes)
 
@@ -135,8 +151,9 @@ def _block(label: str, items: Sequence[str]) -> list[str]:
 
 
 def make_run_dir(path: str) -> None:
-    """Create the run directory, private (0700) and new: an existing one is never reused. A full disk
-    (less than :data:`launcher.logspace.FREE_MIN` free) is refused: torchrun could not write there."""
+    """Create the run directory, private (0700) and new: an existing one is never reused; and its
+    ``exits`` directory, where the workers record the code they asked for (:mod:`launcher.bootstrap`).
+    A full disk (less than :data:`launcher.logspace.FREE_MIN` free) is refused: torchrun could not write there."""
     from launcher.logspace import disk_full_note
 
     full = disk_full_note(os.path.dirname(path))
@@ -144,6 +161,7 @@ def make_run_dir(path: str) -> None:
         raise ConfigError(full[:300])
     try:
         os.mkdir(path, 0o700)
+        os.mkdir(os.path.join(path, "exits"), 0o700)
     except OSError as exc:
         raise ConfigError(f"cannot create the run directory {path!r} (TMPDIR): "
                           f"{exc.strerror or exc}"[:300]) from None
@@ -198,14 +216,33 @@ def printable(line: str) -> str:
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in line)
 
 
-def run(p: Plan, environ: Mapping[str, str]) -> int:
+def run(p: Plan, environ: Mapping[str, str], clock: Optional[Clock] = None) -> int:
     """Start and supervise torchrun; report the outcome. Returns the launcher's exit code.
 
     The run directory (made by :func:`make_run_dir`) is removed at the end, or by the watchdog
-    after it killed the job if the launcher itself is killed.
+    after it killed the job if the launcher itself is killed. The outcome file is written at the end
+    of every run (:mod:`launcher.report`), also when the launcher itself failed.
     """
+    clock = clock or Clock(time.time())
+    text = ""
+    try:
+        verdict, clock, text = _run(p, environ, clock)
+    except Exception as exc:  # the launcher's own error: said, classed and written down like any other end
+        import traceback
+
+        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        streams.write(sys.stderr, trace)
+        verdict = Verdict(codes.INTERNAL, codes.INTERNAL_CODE, root_cause=f"{p.cluster.current_host}: the launcher "
+                          f"failed (exit code {codes.INTERNAL_CODE})", exception=trace.splitlines()[-1])
+    c = p.cluster
+    report.deliver(verdict, text, clock, outcome_path(p.invocation.options, p.choice.platform, environ),
+                   p.choice.platform.report_path(environ), p.choice.platform.report_limit,
+                   (c.current_host, c.node_rank, c.nnodes, c.platform))
+    return verdict.code
+
+
+def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Clock, str]:
     from launcher import failure, proctree  # not needed by --dry-run: imported here to keep start-up short
-    from launcher.logspace import disk_full_note
     from launcher.supervise import supervise
 
     c = p.cluster
@@ -220,7 +257,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             wait_for_names(names, p.invocation.options.resolve, float(p.invocation.options.rdzv_timeout), log)
         except ConfigError as exc:
             streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
-            return 2
+            return Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=str(exc)), clock, ""
     outside = groups.outside(c)
     if outside:
         log(f"{c.platform} host {c.current_host}: group {c.role.group}, outside the training world "  # type: ignore[union-attr]
@@ -229,7 +266,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
             f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
     watchdog = proctree.Watchdog(log)  # forked before any pipe exists: it holds none of them
-    watch = None
+    watch = hangs = None
     try:
         watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
         watchdog.remove_dir(p.launch.run_dir)
@@ -238,59 +275,45 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             from launcher import jobwatch  # several nodes only
 
             watch = jobwatch.for_cluster(c, options, log, watch_secret(options, environ))
+        if options.hang_timeout and (c.nnodes == 1 or watch is not None):  # several hosts: node 0 decides
+            from launcher import hangwatch
+
+            hangs = hangwatch.for_cluster(c, options.hang_timeout, p.launch.run_dir, log, watch)
+            hangs.nccl_env = p.launch.environment(environ)
+        elif options.hang_timeout:
+            log("hang detection off: with several hosts it needs the job watch")
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
         rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 and not outside else None
+        clock = clock._replace(torchrun=time.time())
         outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch,
-                            rendezvous_timeout, direct=outside)
-        cause = None if outside else failure.find_root_cause(outcome, p.launch)
-        code = failure.exit_code(outcome, cause)
-        limit = p.choice.platform.report_limit or failure.REPORT_LIMIT  # 0: stderr only, same length
-        report = ""
-        if outside:
-            code = groups.exit_code(outcome, watch is not None and watch.training_ended,
-                                    watch is not None and watch.stopped_job)
-            report = groups.report(c, outcome, code, limit) if code != 0 else ""
-        elif code != 0:
-            rendezvous = (f"{c.master_addr}:{master_port(c, options)} as node {c.node_rank} of {c.nnodes}, "
-                          f"timeout {options.rdzv_timeout} s") if c.nnodes > 1 else ""
-            if outcome.no_rendezvous:
-                from launcher.preflight import no_rendezvous_reason
-
-                master = address_of(c.master_addr or "", options.resolve)
-                rendezvous += ": " + no_rendezvous_reason(master, master_port(c, options), c.node_rank)
-            report = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
-            full = disk_full_note(p.launch.run_dir)  # the true cause of a failure nothing else explains
-            if full:
-                head, _, rest = report.partition("\n")
-                report = "\n".join(line for line in (head, full, rest) if line)[:limit]
-        if watch is not None:  # the job's root cause first, its exit code, wherever it happened
-            from launcher.jobwatch import conclude
-
-            if outside and not (watch.stopped_job and outcome.stop_signal is not None):
-                code, report = watch.finish(code, report, True)  # the script's own end: no torchrun table
-            else:
-                code, report = conclude(watch, c.current_host, outcome, cause, code, report)
-        if code != 0:
-            notes = []
-            path = p.choice.platform.report_path(environ)
-            if path is not None:
-                problem = failure.write_failure_file(path, report, limit)
-                if problem:
-                    notes.append(f"[{PROG}] could not write the failure report to {path}: {problem}")
-            failure.print_report(report, notes)
-        elif outside and watch is not None and watch.training_ended:
+                            rendezvous_timeout, hangs, direct=outside)
+        if hangs is not None:
+            hangs.close()  # a hang being decided is finished first
+        clock = clock._replace(first_worker=failure.first_worker_start(p.launch.exit_dir))
+        verdict, text = report.judge(c, options, p.choice.platform, p.launch, outcome, watch, hangs, outside)
+        if outside and verdict.code == 0 and watch is not None and watch.training_ended:
             log("the training world has ended and this host's script with it")
-        elif outcome.stop_signal is not None:
+        elif verdict.code == 0 and outcome.stop_signal is not None:
             log("stopped by a signal; every worker finished cleanly")
-        return code
+        return verdict, clock, text
     finally:
         if watch is not None:
             watch.close()
+        if hangs is not None:
+            hangs.close()
         import shutil  # only at the end
 
         shutil.rmtree(p.launch.run_dir, ignore_errors=True)
         watchdog.release()
         proctree.reap_children()
+
+
+def outcome_path(options: Optional[Options], platform: Optional[platforms.Platform],
+                 environ: Mapping[str, str]) -> Optional[str]:
+    """Where the outcome file goes: ``--outcome-file``, else the platform's place (None: nowhere)."""
+    if options is not None and options.outcome_file:
+        return options.outcome_file
+    return platform.outcome_path(environ) if platform is not None else None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -315,14 +338,33 @@ def _main(args: list[str]) -> int:
         streams.write(sys.stdout, help_text(__doc__, platforms.help_rows(), platforms.argv_help()) + "\n")
         return 0
     environ = dict(os.environ)
+    clock = Clock(time.time())
     try:
         p = plan(args, environ)
         if not p.invocation.options.dry_run:
             make_run_dir(p.launch.run_dir)
     except ConfigError as exc:
         streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
-        return 2
+        _bad_input_outcome(args, environ, str(exc), clock)
+        return codes.BAD_INPUT_CODE
     if p.invocation.options.dry_run:
         streams.write(sys.stdout, describe(p, p.invocation.options.json) + "\n")
         return 0
-    return run(p, environ)
+    return run(p, environ, clock)
+
+
+def _bad_input_outcome(args: Sequence[str], environ: Mapping[str, str], message: str, clock: Clock) -> None:
+    """The outcome file of a run refused for bad input, where it can still be placed: ``--outcome-file``
+    if the options parse, else ``LAUNCHER_OUTCOME_FILE``, else the detected platform's place."""
+    platform = options = None
+    try:
+        platform = platforms.choose(environ).platform
+        options = parse_invocation(platform.prepare_argv(args, environ, []), environ).options
+    except ConfigError:
+        pass
+    path = outcome_path(options, platform, environ) if options else (
+        environ.get("LAUNCHER_OUTCOME_FILE") or (platform.outcome_path(environ) if platform else None))
+    if path:  # silently: bad input is said in one line
+        verdict = Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=message.split("\n", 1)[0])
+        report.write_outcome(path, report.outcome_data(verdict, clock._replace(ended=time.time()), None, None,
+                                                       None, platform.name if platform else None))

@@ -24,6 +24,8 @@ from launcher.options import Options
 from launcher.platforms.base import HostView, Platform
 
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
+EXIT_DIR_VARIABLE = "DDP_LAUNCHER_EXIT_DIR"  # as launcher/bootstrap.py reads it
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
 INHERITED_PREFIXES = ("PET_", "TORCHELASTIC_")
 WATCH_BASE, WATCH_SPAN, WATCH_STRIDE, WATCH_CANDIDATES = 61000, 4500, 1129, 4  # the job watch's ports
@@ -40,6 +42,11 @@ class Launch(NamedTuple):
     error_file: str
     log_dir: str
     notes: tuple[str, ...] = ()
+
+    @property
+    def exit_dir(self) -> str:
+        """Where :mod:`launcher.bootstrap` records the code each worker asked for (``<pid>.json``)."""
+        return os.path.join(self.run_dir, "exits")
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` with the changes applied: the environment torchrun gets."""
@@ -132,6 +139,9 @@ def build_launch(cluster: Cluster, options: Options, script: str, script_args: S
                  python: Optional[str] = None) -> Launch:
     """The torchrun argv and environment for this host. Pure: starts and writes nothing.
 
+    torchrun runs :data:`BOOTSTRAP` with the script and its arguments: it runs the script as
+    ``python script.py`` would and records the exit code the script asked for (:mod:`launcher.bootstrap`).
+
     ``fabric`` holds the platform's network variables; a variable the user set always wins.
     """
     log_dir = os.path.join(run_dir, "logs")
@@ -155,10 +165,10 @@ def build_launch(cluster: Cluster, options: Options, script: str, script_args: S
              "--log-dir", log_dir,
              "--tee", "3",
              "--log-line-prefix-template", LOG_PREFIX_TEMPLATE,
-             script, *script_args]
+             BOOTSTRAP, script, *script_args]
 
     notes: list[str] = []
-    changes = {"TORCHELASTIC_ERROR_FILE": error_file}
+    changes = {"TORCHELASTIC_ERROR_FILE": error_file, EXIT_DIR_VARIABLE: os.path.join(run_dir, "exits")}
     _setdefault(changes, environ, "PYTHONUNBUFFERED", "1", notes)
     for name, value in (fabric or {}).items():
         _setdefault(changes, environ, name, value, notes)

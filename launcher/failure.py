@@ -7,7 +7,12 @@ torchrun exits 1 whatever happened. The facts are elsewhere:
 - the error file torchrun writes to ``TORCHELASTIC_ERROR_FILE``: a copy of the root-cause worker's
   own (written by torch's ``record`` around the script's ``main``) with ``errorCode`` added, or
   torchrun's own exception when torchrun itself failed;
-- the worker's stderr log under ``--log-dir``, when the worker wrote no error file.
+- the worker's stderr log under ``--log-dir``, when the worker wrote no error file;
+- the code the worker's script asked for (``sys.exit(7)``; 1 for an uncaught exception), recorded by
+  :mod:`launcher.bootstrap` before interpreter teardown: a crash in teardown (torch's threads aborting
+  with "terminate called without an active exception") changes what torchrun saw, not the code the
+  launcher reports. A teardown crash after a normal end (code 0) is still a failure: torchrun stopped
+  the other workers because of it, and their work may be unfinished.
 
 Everything read here is written by the workers, so every read is bounded: the stderr tail the
 supervisor kept, the last :data:`LOG_TAIL_BYTES` of a log, error files up to :data:`ERROR_FILE_LIMIT`.
@@ -27,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, Optional
 
 from launcher.cluster import Cluster
+from launcher.codes import RENDEZVOUS_CODE
 from launcher.command import Launch
 from launcher.errors import ConfigError
 from launcher.filereader import read_bounded
@@ -41,6 +47,18 @@ _ENTRY = re.compile(r"^\[\d+\]:\s*$")
 _RANK = re.compile(r"(-?\d+) \(local_rank: (-?\d+)\)")
 _EXITCODE = re.compile(r"(-?\d+) \(pid: (\d+)\)")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b.*)$")
+# What torch and the launcher put before a worker's line: torchrun's --tee prefix (the launcher's
+# "[rank3]:", torchrun's default "[default0]:"), torch's excepthook "[rank3]: " after init_process_group,
+# any of them nested; then a C++ log template ("[W1125 03:04:05.123 pid file.cpp:12] ...") marks a log line.
+_LINE_PREFIX = re.compile(r"^\s*\[[A-Za-z_]*\d+\]:[ \t]?")
+_LOG_TEMPLATE = re.compile(r"^\s*\[[IWEF]\d{4} ")
+# A worker's failure that is the consequence of another's: its peer vanished from a collective (gloo,
+# NCCL), or the rendezvous store broke.
+_PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|DistNetworkError|DistStoreError|"
+                        r"DistBackendError|NCCL (error|communicator)|remote process exited|timed out|Timeout",
+                        re.IGNORECASE)
+MAX_ENTRIES_READ = 16  # failed workers of one host whose evidence is read to find the one that failed on its own
+_NOISE = re.compile(r"^\s*\[[IW]\d{4} ")  # C++ info and warning lines: never part of a report
 
 
 class RootCause(NamedTuple):
@@ -51,6 +69,8 @@ class RootCause(NamedTuple):
     exitcode: Optional[int]  # the worker's own; negative: killed by that signal
     exception: str  # "ValueError: bad input", or what is known instead
     detail: str  # traceback or stderr tail
+    asked: Optional[int] = None  # the code the script asked for, when teardown then ended it otherwise
+    teardown: str = ""  # what ended it in teardown: "aborted: terminate called without an active exception"
 
 
 def signal_name(number: int) -> str:
@@ -167,22 +187,98 @@ def read_log_tail(path: str, size: int = LOG_TAIL_BYTES) -> str:
     return "\n".join(line[:LOG_LINE_CHARS] for line in lines)
 
 
-def worker_stderr(log_dir: str, local_rank: int) -> str:
-    """The end of the newest attempt's stderr log of one local rank, as torchrun's ``--log-dir`` keeps it."""
+def worker_log(log_dir: str, local_rank: int) -> Optional[str]:
+    """The newest attempt's stderr log of one local rank, as torchrun's ``--log-dir`` keeps it."""
     import glob  # only after a failure
 
     paths = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), "stderr.log"))
     if not paths:
+        return None
+    return max(paths, key=lambda p: int(p.split("attempt_")[-1].split(os.sep)[0]))
+
+
+def worker_stderr(log_dir: str, local_rank: int) -> str:
+    """The end of the newest attempt's stderr log of one local rank."""
+    path = worker_log(log_dir, local_rank)
+    return read_log_tail(path) if path else ""
+
+
+TEARDOWN_BYTES = 4096  # how much of a worker's stderr after its script ended is read
+
+
+def read_exit_record(exit_dir: str, pid: int) -> Optional[dict[str, Any]]:
+    """``{"code", "stderr_offset", "started"}`` that :mod:`launcher.bootstrap` wrote for worker ``pid``."""
+    raw = _read_bounded(os.path.join(exit_dir, f"{pid}.json"), 1024)
+    try:
+        data = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or type(data.get("code")) is not int or not 0 <= data["code"] <= 255:
+        return None
+    offset, started = data.get("stderr_offset"), data.get("started")
+    return {"code": data["code"], "stderr_offset": offset if type(offset) is int and offset >= 0 else None,
+            "started": float(started) if isinstance(started, (int, float)) and started > 0 else None}
+
+
+def first_worker_start(exit_dir: str, limit: int = 4096) -> Optional[float]:
+    """When the earliest worker that recorded its code started (``time.time()``): the rendezvous was done."""
+    try:
+        names = sorted(os.listdir(exit_dir))[:limit]
+    except OSError:
+        return None
+    starts = [record["started"] for name in names if name.endswith(".json") and name[:-5].isdigit()
+              for record in [read_exit_record(exit_dir, int(name[:-5]))] if record and record["started"]]
+    return min(starts) if starts else None
+
+
+def _stderr_after(path: Optional[str], offset: Optional[int]) -> str:
+    """The first non-empty line a worker wrote to its stderr log after ``offset`` (its teardown's words)."""
+    if path is None or offset is None:
         return ""
-    newest = max(paths, key=lambda p: int(p.split("attempt_")[-1].split(os.sep)[0]))
-    return read_log_tail(newest)
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(TEARDOWN_BYTES)
+    except OSError:
+        return ""
+    lines = [strip_prefixes(line).strip() for line in data.decode("utf-8", "replace").splitlines()]
+    return next((line[:200] for line in lines if line), "")
+
+
+def teardown_text(exitcode: int, words: str) -> str:
+    """What ended a worker after its script did: ``aborted in interpreter teardown: terminate called ...``."""
+    if exitcode == -signal.SIGABRT:
+        how = "aborted"
+    elif exitcode < 0:
+        how = f"was killed by {signal_name(-exitcode)}"
+    else:
+        how = f"exited with code {exitcode}"
+    return f"{how} in interpreter teardown" + (f": {words}" if words else "")
+
+
+def strip_prefixes(line: str) -> str:
+    """``line`` without the rank and tee prefixes torch and the launcher put before it."""
+    while True:
+        match = _LINE_PREFIX.match(line)
+        if not match:
+            return line
+        line = line[match.end():]
+
+
+def exception_line(line: str) -> str:
+    """The exception ``line`` names (``ValueError: bad``) whatever prefixes it has; "" for any other line."""
+    bare = strip_prefixes(line)
+    if _LOG_TEMPLATE.match(bare):
+        return ""  # a C++ log line that mentions an error is not the exception
+    match = _EXCEPTION_LINE.match(bare.strip())
+    return match.group(1) if match else ""
 
 
 def _last_exception_line(text: str) -> str:
     for line in reversed(text.splitlines()):
-        match = _EXCEPTION_LINE.match(line.strip())
-        if match:
-            return match.group(1)
+        found = exception_line(line)
+        if found:
+            return found
     return ""
 
 
@@ -203,21 +299,49 @@ def find_root_cause(outcome: Outcome, launch: Launch) -> Optional[RootCause]:
             exception = f"torchrun was killed by {signal_name(-outcome.returncode)}"
         return RootCause(None, None, None, exception or "torchrun failed",
                          (own or {}).get("traceback") or stderr)
-    entry = pick_root_cause(entries)
+    first = pick_root_cause(entries)
+    ordered = [first] + [e for e in entries if e is not first and _exitcode(e) != -signal.SIGTERM]
+    causes = [_cause_of(entry, entry is entries[0], launch) for entry in ordered[:MAX_ENTRIES_READ]]
+    # A worker that failed because its peer went away (another host, another local rank) is not the
+    # cause when one of this host's failed on its own.
+    return next((c for c in causes if not peer_lost(c.exception)), causes[0])
+
+
+def _cause_of(entry: dict[str, str], table_root: bool, launch: Launch) -> RootCause:
+    """One failed worker of torchrun's table, with its exception from its error file or its stderr log."""
     rank_match = _RANK.match(entry.get("rank", ""))
     rank = int(rank_match.group(1)) if rank_match else None
     local_rank = int(rank_match.group(2)) if rank_match else None
     exitcode = _exitcode(entry)
+    asked, teardown = _asked_code(entry, exitcode, launch, local_rank)
     # torchrun copies the table's root cause's error file to its own: only that one's is trusted there.
-    recorded = ((read_error_file(launch.error_file) if entry is entries[0] else None)
+    recorded = ((read_error_file(launch.error_file) if table_root else None)
                 or read_error_file(entry.get("error_file")))
     if recorded and recorded["exception"]:
-        return RootCause(rank, local_rank, exitcode, recorded["exception"], recorded["traceback"])
+        return RootCause(rank, local_rank, exitcode, recorded["exception"], recorded["traceback"], asked, teardown)
     stderr = worker_stderr(launch.log_dir, local_rank) if local_rank is not None else ""
     exception = _last_exception_line(stderr)
-    if not exception and exitcode is not None and exitcode < 0:
+    if not exception and exitcode is not None and exitcode < 0 and asked is None:
         exception = f"killed by {signal_name(-exitcode)}"
-    return RootCause(rank, local_rank, exitcode, exception, stderr)
+    return RootCause(rank, local_rank, exitcode, exception, stderr, asked, teardown)
+
+
+def peer_lost(exception: str) -> bool:
+    """True when an exception is a collective's or the store's lost peer: a consequence of another's failure."""
+    return bool(_PEER_LOST.search(exception))
+
+
+def _asked_code(entry: dict[str, str], exitcode: Optional[int], launch: Launch,
+                local_rank: Optional[int]) -> tuple[Optional[int], str]:
+    """The non-zero code the worker's script asked for and how teardown then ended it, when the two differ."""
+    match = _EXITCODE.match(entry.get("exitcode", ""))
+    if not match or exitcode is None:
+        return None, ""
+    record = read_exit_record(launch.exit_dir, int(match.group(2)))
+    if record is None or record["code"] == 0 or record["code"] == exitcode:
+        return None, ""
+    log = worker_log(launch.log_dir, local_rank) if local_rank is not None else None
+    return record["code"], teardown_text(exitcode, _stderr_after(log, record["stderr_offset"]))
 
 
 def exit_code(outcome: Outcome, cause: Optional[RootCause]) -> int:
@@ -230,7 +354,9 @@ def exit_code(outcome: Outcome, cause: Optional[RootCause]) -> int:
     if outcome.stop_signal is not None:
         return 128 + outcome.stop_signal
     if outcome.no_rendezvous:
-        return 1  # torchrun's own code for a failed rendezvous; the launcher, not a signal, ended it
+        return RENDEZVOUS_CODE  # the launcher, not a signal, ended torchrun: a temporary failure
+    if cause is not None and cause.asked is not None:
+        return cause.asked  # the script's own code survives a crash in teardown
     code = cause.exitcode if cause is not None and cause.exitcode else outcome.returncode
     return code if code > 0 else 128 - code
 
@@ -254,6 +380,9 @@ def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause
         head = f"{host}: torchrun failed before or around the workers (exit code {code})"
         if rendezvous:
             head += f"; rendezvous {rendezvous}"
+    elif cause.asked is not None:
+        head = (f"{host}: rank {cause.rank} (local rank {cause.local_rank}) exited with code {cause.asked} "
+                f"(then {cause.teardown})")
     elif cause.exitcode is not None and cause.exitcode < 0:
         head = (f"{host}: rank {cause.rank} (local rank {cause.local_rank}) was killed by "
                 f"{signal_name(-cause.exitcode)} (exit code {code})")
@@ -263,11 +392,12 @@ def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause
     if cause is not None and cause.exception:
         lines.append(cause.exception[:300])
     text = "\n".join(lines)
-    detail = [ln for ln in (cause.detail.splitlines() if cause else []) if ln.strip() and not _is_marker(ln)]
+    detail = [strip_prefixes(ln) for ln in (cause.detail.splitlines() if cause else [])]
+    detail = [ln for ln in detail if ln.strip() and not _is_marker(ln) and not _NOISE.match(ln)]
     tail: list[str] = []
     budget = limit - len(text) - 1
     for line in reversed(detail):
-        if line.strip() == (cause.exception if cause else "").strip() and not tail:
+        if not tail and cause is not None and line.strip() == cause.exception.strip():
             continue  # the exception line is already in the head
         if len(line) + 1 > budget:
             break

@@ -29,6 +29,10 @@ Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` byt
 - ``lost`` {node, host, why}: the hub lost that host (also sent to the lost host, best effort);
 - ``end``: in a job where only some hosts train (:mod:`launcher.groups`), every training host is
   done: the others stop their script with SIGTERM and their configured grace period, which is no failure.
+- ``hang`` {phase, ...}: hang detection's own messages (:mod:`launcher.hangwatch`, attached as the
+  watch's :class:`Extension`): the hub's ``freeze``, ``dump`` and ``verdict`` {text}, a client's
+  ``frozen`` and ``stacks`` {ranks, groups}; a client's ``hb`` carries ``age``, how long ago its ranks
+  were last heard.
 
 Authentication (optional): with a shared secret (``LAUNCHER_JOB_SECRET``, or ``--job-secret-file``),
 every line after ``watch`` is ``<hex HMAC-SHA256> <json>``, the tag over the job's identity, both
@@ -55,7 +59,8 @@ Any failure or loss elsewhere stops this host's workers at once (the stop path o
 no collective-consistent checkpoint is possible, and a worker blocked in a collective never runs its
 Python SIGTERM handler, so a longer grace period only delays the end). The job's root cause, which
 every host's report starts with and whose exit code every host exits with, is the first failure that
-is not a consequence of another (``primary``), else the first loss or failure seen. A lost host counts
+is not a consequence of another (``primary``), else the first loss or failure seen; this module hands
+it over as an :class:`Event` and :mod:`launcher.report` makes the verdict. A lost host counts
 as killed by SIGKILL (exit code 137): from outside, power loss, a preempted VM and a dead network look
 the same, and 137 is what platforms' retry policies already treat as "the machine went away".
 After its own workers succeeded the hub relays for the others at most the loss timeout more.
@@ -69,27 +74,25 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import selectors
 import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Protocol, Union
 
+from launcher import codes
 from launcher.command import address_of, job_identity, master_port, watch_ports
 from launcher.groups import training_nodes, watch_place
 
 if TYPE_CHECKING:
     from launcher.cluster import Cluster
-    from launcher.failure import RootCause
     from launcher.options import Options
-    from launcher.outcome import Outcome
 
 MAX_LINE = 4096  # bytes of one message: a report head is at most ~600 characters
 REPORT_LINES, REPORT_CHARS = 2, 600  # what a ``failed`` message carries of a host's report
 REMOTE_GRACE = 1.0  # the grace period of a stop caused by another host (at most the configured one)
-LOST_CODE = 137  # a lost host: as if SIGKILLed (see the module's docstring)
+LOST_CODE = codes.HOST_LOST_CODE  # a lost host: as if SIGKILLed (see the module's docstring)
 LOSS_TIMEOUT = 30.0  # default: a host silent this long is lost (see the module's docstring)
 HEARTBEAT = 1.0  # seconds between heartbeats (a third of the loss timeout when that is below 3 s)
 SUSPECT_AFTER = 3.0  # silence that makes a host suspect (half the loss timeout when that is below 6 s)
@@ -100,14 +103,17 @@ RETRY = 0.5  # between a client's connection attempts
 MAX_PENDING = 64  # connections without a hello held at once, besides one per node
 MAX_OUT = 1 << 20  # bytes queued for a peer that does not read: beyond this its connection is closed
 LEAVE_WAIT = 2.0  # how long a client's last message may take to leave
-REPORT_LIMIT = 1024
-# A worker's failure that is the consequence of another host's: its peer vanished from a collective
-# (gloo, NCCL), or the rendezvous store broke.
-_SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|DistNetworkError|DistStoreError|"
-                        r"DistBackendError|NCCL (error|communicator)|remote process exited|timed out|Timeout",
-                        re.IGNORECASE)
 
 StopRequest = Callable[[float, str], None]
+
+
+class Extension(Protocol):
+    """What another part of the launcher adds to the watch (hang detection): fields for every heartbeat,
+    and the messages the watch itself does not handle. Both run on the watch's loop thread: no blocking."""
+
+    def beat(self) -> dict: ...
+
+    def on_message(self, node: int, host: str, message: dict) -> None: ...
 
 
 class Event(NamedTuple):
@@ -125,20 +131,9 @@ class _Junk(Exception):
     """A line that is not a valid message of this job (its text says why)."""
 
 
-def is_secondary(exception: str, rank: Optional[int]) -> bool:
-    """True when a failure looks caused by another host: torchrun itself failed (``rank`` None: its
-    rendezvous broke) or the exception is a collective's or the store's lost peer."""
-    return rank is None or bool(_SECONDARY.search(exception))
-
-
 def report_head(report: str) -> str:
     """The first lines of a failure report: who failed, how, and the exception line."""
     return "\n".join(report.splitlines()[:REPORT_LINES])[:REPORT_CHARS]
-
-
-def job_report(cause: Event, here: str) -> str:
-    """This host's report when another host caused the failure: the cause first, then what happened here."""
-    return f"{cause.report}\nthen {here}"[:REPORT_LIMIT]
 
 
 def _text(value: object, limit: int = REPORT_CHARS) -> str:
@@ -196,9 +191,17 @@ class Watch:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self.selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self.extension: Optional[Extension] = None  # hang detection's messages (launcher/hangwatch.py)
+        self._outbox: list[dict] = []
         self.thread = threading.Thread(target=self._loop, name="job-watch", daemon=True)
 
     # -- the main thread's side --
+    def post(self, message: dict) -> None:
+        """Send a message from any thread: the hub to every client, a client to the hub (see :class:`Extension`)."""
+        with self.cond:
+            self._outbox.append(message)
+        self.wake()
+
     def wake(self) -> None:
         """Make the loop take a turn now (it reads what the main thread left for it)."""
         with contextlib.suppress(OSError):
@@ -243,25 +246,22 @@ class Watch:
         """True while a handshaken peer is connected."""
         return any(c.node is not None for c in list(self.conns.values()))
 
-    def finish(self, code: int, report: str, primary: bool) -> tuple[int, str]:
-        """Tell the others how this host ended; the job's exit code and this host's report.
+    def finish(self, code: int, head: str, primary: bool) -> Optional[Event]:
+        """Tell the others how this host ended (``head``: the first lines of its report, empty on success);
+        returns the job's root cause seen by then (the verdict is :mod:`launcher.report`'s).
 
-        ``report`` is this host's own (empty on success), ``primary`` False when its failure looks
-        caused by another host: then the watch waits (at most the loss timeout + 1 s) for that cause.
+        ``primary`` False when this host's failure looks caused by another host: then the watch waits
+        (at most the loss timeout + 1 s) for that cause.
         """
         if code != 0 and not primary:
             self.wait_for_cause(self.timeout + 1.0)
         cause = self.cause()
         if code == 0:
             self._leave({"t": "done", "node": self.node, "host": self.host}, code)
-            return 0, ""
-        mine = Event("failed", self.node, self.host, code, report_head(report), primary)
+            return cause
+        mine = Event("failed", self.node, self.host, code, report_head(head), primary)
         self._leave({"t": "failed", **mine._asdict()}, code)
-        if self.off:
-            report = f"{report}\n(job watch off on this host: {self.off})"[:REPORT_LIMIT]
-        if cause is None or (primary and not cause.primary):
-            return code, report
-        return cause.code, job_report(cause, report)
+        return cause
 
     def close(self) -> None:
         """End the loop thread and close every socket."""
@@ -448,11 +448,16 @@ class Watch:
                 self._credit(now)
             last = now
             self._judge(now)
+            with self.cond:
+                outbox, self._outbox = self._outbox, []
+            for message in outbox:
+                self._post(message)
             if now - self._sent >= self.interval:
                 self._sent = now
+                beat = {"t": "hb", **(self.extension.beat() if self.extension is not None else {})}
                 for conn in list(self.conns.values()):
                     if conn.node is not None:
-                        self._send(conn, {"t": "hb"})
+                        self._send(conn, beat)
             self._tick(now)
 
     def _writable(self, conn: _Conn) -> None:
@@ -478,6 +483,9 @@ class Watch:
 
     def _tick(self, now: float) -> None:
         """Once per loop turn: what a role does besides reading and heartbeats."""
+
+    def _post(self, message: dict) -> None:
+        raise NotImplementedError
 
     def _leave(self, message: dict, code: int) -> None:
         raise NotImplementedError
@@ -645,6 +653,11 @@ class Hub(Watch):
             self._record(event)
         elif kind == "done" and known.state == "running":
             conn.ended, known.state = True, "done"
+        elif self.extension is not None:
+            self.extension.on_message(conn.node, known.host, message)
+
+    def _post(self, message: dict) -> None:
+        self._broadcast(message)
 
     def _heard(self, node: int, known: _Node) -> None:
         now = time.monotonic()
@@ -842,6 +855,12 @@ class Client(Watch):
         elif kind == "replaced":  # a newer connection of this node took over (or someone claims to be it)
             self._drop(conn)
             self.next_try = 0.0
+        elif self.extension is not None:
+            self.extension.on_message(0, self.hub_host, message)
+
+    def _post(self, message: dict) -> None:
+        if self.hub is not None:
+            self._send(self.hub, message)
 
     def _heard_hub(self) -> None:
         now = time.monotonic()
@@ -1002,15 +1021,3 @@ def for_cluster(cluster: Cluster, options: Options, log: Callable[[str], None],
     return start(node, cluster.current_host, nnodes, address_of(hub, options.resolve),
                  watch_ports(cluster, options, job), options.loss_timeout, float(options.rdzv_timeout), log,
                  job=job, secret=secret, training=training_nodes(cluster))
-
-
-def conclude(watch: Watch, host: str, outcome: Outcome, cause: Optional[RootCause], code: int,
-             report: str) -> tuple[int, str]:
-    """The job's exit code and this host's report, told to the others (see :meth:`Watch.finish`)."""
-    if code != 0 and watch.stopped_job and outcome.stop_signal is not None:
-        killed = "; the rest killed after it" if outcome.killed_after_grace else ""
-        return watch.finish(code, f"{host}: its workers were stopped because of that (SIGTERM, grace period at most "
-                                  f"{REMOTE_GRACE:g} s{killed})", False)
-    primary = outcome.stop_signal is not None or (
-        cause is not None and not is_secondary(cause.exception, cause.rank))
-    return watch.finish(code, report, primary)

@@ -36,6 +36,8 @@ from launcher.platforms.base import ArgvPairs
 ENV_PREFIX = "LAUNCHER_"
 MAX_SECONDS = 86400  # a day: the longest grace period or rendezvous timeout that is not a typo
 MAX_RESTARTS = 100
+# Gloo's own collective timeout: a job in which a rank waits that long in a collective fails anyway.
+DEFAULT_HANG_TIMEOUT = 1800
 MIN_LOSS_TIMEOUT = 1.5  # heartbeats come every second (every third of the timeout below 3 s)
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
@@ -57,6 +59,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _seconds_or_off(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= MAX_SECONDS:  # 0 turns it off; also refuses nan and inf
+        raise ValueError
+    return value
+
+
 def _loss_timeout(text: str) -> float:
     value = _seconds(text)
     if value < MIN_LOSS_TIMEOUT:  # heartbeats come every second: less would lose healthy hosts
@@ -72,6 +81,12 @@ def parse_bool(text: str) -> bool:
     if lowered in _FALSE:
         return False
     raise ValueError
+
+
+def _path(text: str) -> str:
+    if not text or "\0" in text:
+        raise ValueError
+    return text
 
 
 def parse_resolve(text: str) -> dict[str, str]:
@@ -173,9 +188,17 @@ SPECS: tuple[Spec, ...] = (
          "a file holding the job's shared secret: the job watch's messages are authenticated (HMAC); "
          "default the LAUNCHER_JOB_SECRET variable, else none", metavar="PATH"),
     Spec("no_job_watch", parse_bool, False, "true or false", "turn the job watch off"),
+    Spec("hang_timeout", _seconds_or_off, DEFAULT_HANG_TIMEOUT, f"seconds 0-{MAX_SECONDS} (0: off)",
+         "a job in which no rank printed a line or sent a progress beat for this long is hung: every rank's "
+         "Python stacks are taken, the rank that stands out is named, the job ends with exit code 124; 0 "
+         "turns it off; the default is gloo's own collective timeout", metavar="SECONDS"),
     Spec("resolve", parse_resolve, {}, "HOST=ADDR[,HOST=ADDR...]",
          "addresses for host names this machine cannot resolve (simulated hosts; /etc/hosts is never "
          "touched)", metavar="HOST=ADDR,..."),
+    Spec("outcome_file", _path, None, "a path",
+         "write the run's outcome as JSON (class, exit code, root cause, durations) to this file at the end "
+         "of every run; default the platform's place (SageMaker: output/data/outcome.json), else none",
+         metavar="PATH"),
     Spec("dry_run", parse_bool, False, "true or false", "print what would be launched and exit"),
     Spec("json", parse_bool, False, "true or false", "with --dry-run: print it as JSON"),
 )
@@ -198,7 +221,9 @@ class Options(NamedTuple):
     loss_timeout: float
     job_secret_file: Optional[str]
     no_job_watch: bool
+    hang_timeout: float
     resolve: dict
+    outcome_file: Optional[str]
     dry_run: bool
     json: bool
 

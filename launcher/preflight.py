@@ -79,24 +79,3 @@ def wait_for_names(names: Iterable[str], resolve: Mapping[str, str], timeout: fl
 
         found[name] = wait_for(attempt, f"host name {shown(name)} to resolve", timeout, log)
     return found
-
-
-def port_answers(host: str, port: int, timeout: float = 1.0) -> bool:
-    """True if a TCP connection to ``host:port`` is accepted within ``timeout`` (whoever accepts it)."""
-    import socket  # only after a failed rendezvous
-
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except (OSError, UnicodeError):
-        return False
-
-
-def no_rendezvous_reason(master: str, port: int, node_rank: int) -> str:
-    """Why no rendezvous came, as far as this node can tell: the master's port answered or not."""
-    if node_rank == 0:
-        return "the other nodes did not all join"
-    if port_answers(master, port):
-        return (f"{master}:{port} answers but gave no rendezvous: another program may hold that port "
-                "(or node 0 is still waiting for the other nodes)")
-    return f"{master}:{port} never answered: is node 0 up, and is the port open between the hosts?"

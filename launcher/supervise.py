@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -61,6 +62,14 @@ class JobWatch(Protocol):
     def attach(self, request: Optional[Callable[[float, str], None]]) -> None: ...
 
 
+class HangHook(Protocol):
+    """What supervise needs of hang detection (:mod:`launcher.hangwatch`): the output, the stop hook."""
+
+    def feed(self, chunk: bytes, stderr: bool = False) -> None: ...
+
+    def attach(self, request: Optional[Callable[[float, str], None]], pid: Optional[int] = None) -> None: ...
+
+
 class StderrTail:
     """The last ``lines`` lines of a byte stream, each cut to ``line_bytes``: bounded whatever is fed."""
 
@@ -85,8 +94,9 @@ class StderrTail:
         return [line.decode("utf-8", "replace") for line in kept[-(self.done.maxlen or 1):]]
 
 
-def _pump(source: IO[bytes], sink: Optional[IO[bytes]], tail: Optional[StderrTail]) -> None:
-    """Copy bytes unmodified as they come, in bounded chunks; feed the tail when asked.
+def _pump(source: IO[bytes], sink: Optional[IO[bytes]], tail: Optional[StderrTail],
+          feed: Optional[Callable[[bytes], None]] = None) -> None:
+    """Copy bytes unmodified as they come, in bounded chunks; feed the tail and ``feed`` when asked.
 
     When the sink fails (our own stream closed or broken), keep reading: torchrun must never block
     on a full pipe.
@@ -104,6 +114,8 @@ def _pump(source: IO[bytes], sink: Optional[IO[bytes]], tail: Optional[StderrTai
                 sink = None
         if tail is not None:
             tail.feed(chunk)
+        if feed is not None:
+            feed(chunk)
         if len(chunk) < PUMP_CHUNK // 4:
             time.sleep(PUMP_GATHER)  # let a trickle of lines gather: a read and a write per line costs CPU
     source.close()
@@ -198,13 +210,15 @@ def _workers_ended(workers: Sequence[int]) -> Optional[bool]:
 
 def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, log: Callable[[str], None],
               watchdog: proctree.Watchdog, max_restarts: int = 0, watch: Optional[JobWatch] = None,
-              rendezvous_timeout: Optional[float] = None, direct: bool = False) -> Outcome:
+              rendezvous_timeout: Optional[float] = None, hangs: Optional[HangHook] = None,
+              direct: bool = False) -> Outcome:
     """Run the launch to its end and return how it ended. Blocks; installs signal handlers.
 
     ``watchdog`` (forked before this is called) is told to guard torchrun's tree. ``watch`` (the job
     watch, :mod:`launcher.jobwatch`) gets the stop hook while torchrun runs. If no worker has started
     ``rendezvous_timeout`` seconds after torchrun (a master port held by another program leaves
-    torchrun's store client waiting for ever), torchrun is killed and the outcome says so.
+    torchrun's store client waiting for ever), torchrun is killed and the outcome says so. ``hangs``
+    (hang detection) sees every output chunk and gets the stop hook and torchrun's pid.
     """
     os.makedirs(launch.log_dir, exist_ok=True)
     proctree.become_subreaper()
@@ -228,8 +242,11 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         log(f"{'the script' if direct else 'torchrun'} started as pid {proc.pid}")
         if stop.signal is not None:  # arrived while starting
             stop(stop.signal)
-        pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, None), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, tail), daemon=True)]
+        feeds = (None, None) if hangs is None else (hangs.feed, functools.partial(hangs.feed, stderr=True))
+        pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, None, feeds[0]), daemon=True),
+                 threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, tail, feeds[1]), daemon=True)]
+        if hangs is not None:
+            hangs.attach(stop.request, proc.pid)
         for pump in pumps:
             pump.start()
         rendezvous_by = None if rendezvous_timeout is None else time.monotonic() + rendezvous_timeout
@@ -243,6 +260,8 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
     finally:
         if watch is not None:
             watch.attach(None)
+        if hangs is not None:
+            hangs.attach(None)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         proctree.reap_orphans([watchdog.pid])

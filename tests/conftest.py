@@ -262,3 +262,41 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.longrepr = "\n".join(
             f"started {argv!r} but is not marked {t!r} ({TIERS[t]}): add @pytest.mark.{t} "
             f"(make test-fast must not run it)" for t, argv in sorted(missing.items()))
+
+
+OUTCOME_SCHEMA = os.path.join(REPO, "docs", "outcome.schema.json")
+
+
+def outcome_files(root: str) -> list[str]:
+    """Every outcome file under ``root``: ``outcome.json`` (SageMaker's default place) or ``*.outcome.json``."""
+    found = []
+    for directory, _dirs, files in os.walk(root):
+        found += [os.path.join(directory, f) for f in files if f == "outcome.json" or f.endswith(".outcome.json")]
+    return found
+
+
+def validate_outcome(path: str) -> dict:
+    """The outcome file at ``path``, checked against docs/outcome.schema.json (fails the test if it is not)."""
+    import json
+
+    import jsonschema  # the tests' requirement; the launcher itself is stdlib only
+
+    with open(OUTCOME_SCHEMA) as fh:
+        schema = json.load(fh)
+    with open(path) as fh:
+        data = json.load(fh)
+    try:
+        jsonschema.validate(data, schema)
+    except jsonschema.ValidationError as exc:
+        pytest.fail(f"{path} does not match docs/outcome.schema.json: {exc.message}")
+    return data
+
+
+@pytest.fixture(autouse=True)
+def every_outcome_file_matches_the_schema(request: pytest.FixtureRequest):
+    """After every test that used ``tmp_path``: every outcome file its real runs wrote is valid."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
+    if tmp is not None and os.path.isdir(tmp):
+        for path in outcome_files(str(tmp)):
+            validate_outcome(path)

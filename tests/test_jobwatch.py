@@ -26,7 +26,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_launcher_processes import make_host, records, wait_for_records
 
-from launcher import jobwatch, proctree
+from launcher import jobwatch, proctree, report
+
+
+def finish(watch, code, text, primary):
+    """How the launcher ends a watch: the wire protocol's finish, then the verdict (launcher.report)."""
+    return report.job_result(watch.finish(code, text, primary), code, text, primary, watch.off)
 
 WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
 TIMEOUT = 1.5  # loss timeout of the protocol tests (heartbeats every 0.5 s, suspect after 0.75 s)
@@ -88,7 +93,7 @@ def test_a_failure_is_relayed_to_every_host_and_stops_it(watches):
     two, two_rec = watches(2)
     until(lambda: joined(one) and joined(two) and len(hub.states) == 2)
     report = "algo-3: rank 4 (local rank 0) exited with code 7\nValueError: bad batch\n  File x.py, line 3"
-    code, text = two.finish(7, report, primary=True)
+    code, text = finish(two, 7, report, primary=True)
     assert (code, text) == (7, report)  # the cause itself reports only itself
     for watch, rec in ((hub, hub_rec), (one, one_rec)):
         until(lambda w=watch: w.cause() is not None)
@@ -98,12 +103,12 @@ def test_a_failure_is_relayed_to_every_host_and_stops_it(watches):
         assert rec.stops and rec.stops[0][0] == jobwatch.REMOTE_GRACE
         assert "algo-3: rank 4 (local rank 0) exited with code 7" in rec.stops[0][1]
     # host 2's own workers failed because of it (a collective lost its peer): the job's cause comes first
-    code, text = one.finish(1, "algo-2: rank 2 (local rank 0) exited with code 1\nRuntimeError: Connection "
+    code, text = finish(one, 1, "algo-2: rank 2 (local rank 0) exited with code 1\nRuntimeError: Connection "
                             "closed by peer [127.0.0.1]:5", primary=False)
     assert code == 7
     assert text.splitlines()[:3] == ["algo-3: rank 4 (local rank 0) exited with code 7", "ValueError: bad batch",
                                      "then algo-2: rank 2 (local rank 0) exited with code 1"]
-    code, text = hub.finish(0, "", primary=True)  # the hub's workers had finished: it waited for the others
+    code, text = finish(hub, 0, "", primary=True)  # the hub's workers had finished: it waited for the others
     assert code == 0 and hub.states == {1: "failed", 2: "failed"}
 
 
@@ -335,8 +340,8 @@ def test_a_squatter_that_claims_a_node_first_is_replaced_by_the_real_one(watches
     time.sleep(0.5)
     assert hub.cause() is None and hub.states == {1: "running"}
     assert any("algo-2 reconnected" in line for line in rec.lines)
-    assert client.finish(0, "", True) == (0, "")
-    assert hub.finish(0, "", True) == (0, "")
+    assert finish(client, 0, "", True) == (0, "")
+    assert finish(hub, 0, "", True) == (0, "")
 
 
 def test_the_hub_waits_for_others_after_success_at_most_the_loss_timeout(watches):
@@ -353,7 +358,7 @@ def test_the_hub_waits_for_others_after_success_at_most_the_loss_timeout(watches
 
         threading.Thread(target=beat, daemon=True).start()
         began = time.monotonic()
-        assert hub.finish(0, "", True) == (0, "")
+        assert finish(hub, 0, "", True) == (0, "")
         waited = time.monotonic() - began
         stop.set()
     assert 2.0 <= waited <= 10, waited
@@ -382,7 +387,7 @@ def test_hundreds_of_idle_connections_and_a_flood_of_1100_never_stop_the_job(wat
             sock.close()
     time.sleep(0.5)
     assert hub.cause() is None and client.cause() is None and hub.states == {1: "running"}
-    assert client.finish(7, "algo-2: rank 2 (local rank 0) exited with code 7", True)[0] == 7
+    assert finish(client, 7, "algo-2: rank 2 (local rank 0) exited with code 7", True)[0] == 7
     until(lambda: hub.cause() is not None)  # the watch still works
     assert hub.cause().code == 7
 
@@ -411,7 +416,7 @@ def test_with_a_secret_only_tagged_messages_count(watches, client_secret, accept
     client, crec = watches(1, nnodes=2, secret=client_secret, connect_for=3.0)
     if accepted:
         until(lambda: client.connected() and hub.states == {1: "running"})
-        client.finish(7, "algo-2: rank 2 (local rank 0) exited with code 7", True)
+        finish(client, 7, "algo-2: rank 2 (local rank 0) exited with code 7", True)
         until(lambda: hub.cause() is not None)
         assert hub.cause().code == 7
         return
@@ -554,6 +559,8 @@ def worker_pid(job: TwoHosts, host: int, rank: int) -> int:
 @pytest.mark.job
 @pytest.mark.parametrize("fault, head, code", [
     (["--exit-code", "7"], "algo-2: rank 2 (local rank 0) exited with code 7", 7),
+    (["--exit-code", "7", "--abort-at-exit"], "algo-2: rank 2 (local rank 0) exited with code 7 (then aborted in "
+     "interpreter teardown: terminate called without an active exception)", 7),
     (["--self-signal", "SIGKILL"], "algo-2: rank 2 (local rank 0) was killed by SIGKILL (exit code 137)", 137)])
 def test_a_worker_failure_stops_both_hosts_with_its_root_cause(jobs, tmp_path, fault, head, code):
     job = jobs(tmp_path, [WORKER, *LONG_RUN, *fault, "--fail-rank", "2", "--fail-at-step", "10"])
@@ -847,7 +854,7 @@ def test_a_client_cut_off_without_a_definite_end_reconnects_and_nothing_is_lost(
         time.sleep(1.0)
         assert hub.cause() is None and client.cause() is None and not rec.stops and not crec.stops
         assert any("silent for" in line and "trying a new connection" in line for line in crec.lines), crec.lines
-        assert client.finish(0, "", True) == (0, "")
+        assert finish(client, 0, "", True) == (0, "")
         until(lambda: hub.states == {1: "done"})
     finally:
         client.close()

@@ -111,6 +111,17 @@ def test_worker_exit_code_is_the_launchers(tmp_path):
 
 
 @pytest.mark.job
+def test_worker_exit_code_survives_an_abort_in_interpreter_teardown(tmp_path):
+    """sys.exit(7), then an atexit handler aborts (as torch's threads can): the launcher still exits 7."""
+    code, err, failure = run_single(tmp_path, ["--exit-code", "7", "--fail-rank", "1", "--abort-at-exit"])
+    assert code == 7, err[-3000:]
+    assert failure.splitlines()[0] == ("algo-1: rank 1 (local rank 1) exited with code 7 (then aborted in "
+                                       "interpreter teardown: terminate called without an active exception)")
+    assert "exitcode  : -6" in err  # torchrun saw the abort
+    assert err.rstrip().endswith(failure.rstrip().splitlines()[-1])
+
+
+@pytest.mark.job
 def test_worker_killed_by_signal_gives_128_plus_n(tmp_path):
     code, _err, failure = run_single(tmp_path, ["--self-signal", "SIGKILL", "--fail-rank", "0"])
     assert code == 137

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import time
 import pytest
 from conftest import PYTHON, free_port, is_alive, launcher_env
 
+from launcher import codes
 from launcher.cli import RENDEZVOUS_MARGIN
 
 TIMEOUT = 2
@@ -48,6 +50,12 @@ def run_second_host(tmp_path, port):
     return proc, time.monotonic() - start, (tmp_path / "output" / "failure").read_text()
 
 
+def outcome_of(base):
+    """The outcome file SageMaker's host wrote (output/data/outcome.json)."""
+    return json.loads((base / "output" / "data" / "outcome.json").read_text())
+
+
+
 @pytest.mark.job
 def test_a_port_held_by_another_program_ends_the_launch(tmp_path):
     # Something accepts connections on the master's port and says nothing: torchrun's store client
@@ -72,7 +80,8 @@ def test_a_port_held_by_another_program_ends_the_launch(tmp_path):
         for conn in accepted:
             conn.close()
         server.close()
-    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.returncode == codes.RENDEZVOUS_CODE, proc.stderr[-2000:]
+    assert outcome_of(tmp_path)["class"] == codes.RENDEZVOUS
     assert took < TIMEOUT + RENDEZVOUS_MARGIN + 60  # bounded (torch's import is slow on a loaded machine)
     assert "no rendezvous within the timeout" in report
     assert f"127.0.0.1:{port} answers but gave no rendezvous" in report
@@ -84,7 +93,8 @@ def test_a_master_that_never_answers_is_named(tmp_path):
     second_host(tmp_path)
     port = free_port()
     proc, _took, report = run_second_host(tmp_path, port)
-    assert proc.returncode != 0
+    assert proc.returncode == codes.RENDEZVOUS_CODE, proc.stderr[-2000:]
+    assert outcome_of(tmp_path)["class"] == codes.RENDEZVOUS
     assert report.startswith("algo-2: torchrun failed before or around the workers")
     assert f"rendezvous algo-1:{port} as node 1 of 2, timeout {TIMEOUT} s" in report
     assert "trying to connect" in report or "never answered" in report, report

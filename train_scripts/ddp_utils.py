@@ -47,6 +47,10 @@ The sections follow the order a script uses them:
 7. **Checkpoints and the model**: :func:`save_checkpoint`, :func:`load_latest_checkpoint`,
    :func:`save_model` (rank 0 writes the ``state_dict`` into the model dir).
 8. **Shutdown**: :func:`shutdown` leaves the process group once no collective holds our tensors.
+9. **Progress beats**: :func:`beat` tells the launcher's hang detection that this rank is alive (at most
+   once a second: one datagram to the socket named by ``DDP_LAUNCHER_PROGRESS``; nothing when it is
+   unset or nobody listens). :func:`fit` beats every step, :func:`evaluate` every batch, and a checkpoint
+   write beats from a thread while it lasts (:func:`beating`).
 
 Test hooks: with ``DDP_UTILS_PID_DIR`` set every rank writes ``<rank>.pid`` there; with
 ``DDP_UTILS_HASH_DIR`` set every rank writes ``<rank>.sha256``, a hash of its final weights.
@@ -96,6 +100,9 @@ CHECKPOINT_GLOB = "checkpoint-e*-s*.pt"
 _CHECKPOINT_NAME = re.compile(r"checkpoint-e(\d+)-s(\d+)\.pt$")
 _TEMP_PREFIX = ".tmp-"
 _stop_signal: list[int] = []  # the stop signal received, if any
+BEAT_ENV = "DDP_LAUNCHER_PROGRESS"  # the launcher's progress socket (launcher/progress.py)
+BEAT_EVERY = 1.0  # seconds: beats closer together carry no news
+_beat_state: dict[str, Any] = {"sock": None, "last": 0.0}
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt() parameters (malloc.h)
 CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo: bf16 arithmetic in hardware
 #: id -> tensor given to a collective, while it lives (a WeakSet would compare tensors with ==)
@@ -545,10 +552,11 @@ def fit(job: Job, settings: FitSettings, model: nn.Module, optimizer: torch.opti
 
     def checkpoint() -> None:
         if job.is_main:
-            saved = save_checkpoint(settings.checkpoint_dir, {
-                **state, "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "world_size": job.world_size})
+            with beating("checkpoint"):
+                saved = save_checkpoint(settings.checkpoint_dir, {
+                    **state, "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                    "world_size": job.world_size})
             log(f"checkpoint saved: {saved}")
 
     bf16 = use_bf16(job, settings.bf16)
@@ -573,6 +581,7 @@ def fit(job: Job, settings: FitSettings, model: nn.Module, optimizer: torch.opti
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            beat()
             loss_sum += loss.detach().double() * targets.shape[0]
             state["samples"] += targets.shape[0]
             state["step"] += 1
@@ -707,6 +716,7 @@ def evaluate(job: Job, model: nn.Module, batches: Iterable[tuple[torch.Tensor, t
         totals[0] += F.cross_entropy(outputs.float(), targets, reduction="sum").double()
         totals[1] += (outputs.argmax(dim=1) == targets).sum()
         totals[2] += targets.numel()
+        beat("eval")
     if job.distributed:
         collective(dist.all_reduce, totals)
     net.train(was_training)
@@ -814,3 +824,49 @@ def shutdown(timeout: float = 5.0) -> None:
     if dist.is_available() and dist.is_initialized():
         _release_collectives(timeout)
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- progress beats
+
+
+def beat(note: str = "", force: bool = False) -> None:
+    """Tell the launcher's hang detection this rank progresses: one datagram, at most once a second.
+
+    Never blocks, never raises, prints nothing; costs a clock read when it is not due.
+    """
+    now = time.monotonic()
+    state = _beat_state
+    path = os.environ.get(BEAT_ENV)
+    if not path or (not force and now - state["last"] < BEAT_EVERY):
+        return
+    state["last"] = now
+    try:
+        if state["sock"] is None:
+            import socket
+
+            state["sock"] = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            state["sock"].setblocking(False)
+        state["sock"].sendto(f"{os.environ.get('RANK', '0')} {note}".encode()[:64], path)
+    except OSError:
+        pass  # nobody listens, or the queue is full: the next beat tries again
+
+
+@contextlib.contextmanager
+def beating(note: str, every: float = 10.0) -> Iterator[None]:
+    """Beat from a thread every ``every`` s while the body runs (a long checkpoint write)."""
+    import threading
+
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.wait(every):
+            beat(note, force=True)
+
+    beat(note, force=True)
+    thread = threading.Thread(target=run, name="progress-beat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

@@ -97,6 +97,10 @@ class Platform:
         """Where the platform looks for a failure report (None: stderr only)."""
         return None
 
+    def outcome_path(self, environ: Mapping[str, str]) -> Optional[str]:
+        """Where the outcome file goes without ``--outcome-file`` (None: nowhere): beside the job's output."""
+        return None
+
     def fabric_env(self, cluster: Cluster, host: HostView) -> dict[str, str]:
         """Network or fabric variables this platform's hosts need (a variable the user set wins)."""
         return {}

@@ -6,12 +6,15 @@ variables, the steps done, the all-reduced sum, and whether it received SIGTERM.
 ``$SM_MODEL_DIR/model.json``.
 
 Options (others are accepted and only recorded): ``--steps N`` (default 3; 0 = until stopped),
-``--step-sleep S`` (default 0.05), ``--fail-rank R --exit-code C`` (rank R exits C after step 1, at once).
+``--step-sleep S`` (default 0.05), ``--fail-rank R --exit-code C`` (rank R exits C after step 1, at once),
+``--abort-at-exit`` (rank R then aborts in interpreter teardown, as torch's threads can: an atexit
+handler prints libstdc++'s words and calls ``os.abort()``).
 Every rank prints ``step=N`` after each step. SIGTERM is recorded by a thread at once, even while
 the main thread waits in a collective; the loop then ends with exit code 143.
 """
 
 import argparse
+import atexit
 import json
 import os
 import signal
@@ -77,14 +80,23 @@ def watch_sigterm(record, stop):
     threading.Thread(target=wait, daemon=True).start()
 
 
+def abort_in_teardown():
+    sys.stderr.write("terminate called without an active exception\n")
+    sys.stderr.flush()
+    os.abort()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--fail-rank", type=int, default=None)
     parser.add_argument("--exit-code", type=int, default=3)
+    parser.add_argument("--abort-at-exit", action="store_true")
     args, _unknown = parser.parse_known_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.abort_at_exit and args.fail_rank == rank:
+        atexit.register(abort_in_teardown)
     out_dir = os.environ.get("SM_OUTPUT_DATA_DIR", ".")
     env = {k: v for k, v in os.environ.items() if k.startswith(RECORDED_PREFIXES) or k in RECORDED_NAMES}
     record = Record(os.path.join(out_dir, f"rank{rank}.json"), {

@@ -7,9 +7,12 @@ parameters) to ``$WORKER_RECORD_DIR``. Options make it fail on purpose:
 run long enough to be stopped; SIGTERM is recorded in the record file and, with ``--clean-stop``,
 ends the loop at the same step on every rank (a MIN all_reduce: once all have it) with exit 0 (the
 default re-raises it: the process dies of SIGTERM). ``--note-usr1`` records SIGUSR1 and goes on.
+``--abort-at-exit`` reproduces torch's teardown crash: an atexit handler prints libstdc++'s words and
+calls ``os.abort()`` on rank R (it dies of SIGABRT after the script asked for its code).
 """
 
 import argparse
+import atexit
 import json
 import os
 import signal
@@ -31,6 +34,12 @@ def write_record(path, data):
     os.replace(tmp, path)
 
 
+def abort_in_teardown():
+    sys.stderr.write("terminate called without an active exception\n")
+    sys.stderr.flush()
+    os.abort()
+
+
 @record
 def main():
     parser = argparse.ArgumentParser()
@@ -42,10 +51,13 @@ def main():
     parser.add_argument("--fail-rank", type=int, default=0)
     parser.add_argument("--fail-at-step", type=int, default=0)
     parser.add_argument("--clean-stop", action="store_true")
+    parser.add_argument("--abort-at-exit", action="store_true", help="SIGABRT in interpreter teardown")
     parser.add_argument("--note-usr1", action="store_true", help="record SIGUSR1 and go on (SLURM's --signal)")
     args, unknown = parser.parse_known_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.abort_at_exit and rank == args.fail_rank:
+        atexit.register(abort_in_teardown)
     out = os.path.join(os.environ["WORKER_RECORD_DIR"], f"rank{rank}.json")
     facts = {"pid": os.getpid(), "ppid": os.getppid(), "rank": rank, "world_size": world,
              "local_rank": int(os.environ["LOCAL_RANK"]), "group_rank": int(os.environ["GROUP_RANK"]),

@@ -21,7 +21,12 @@ import sys
 import threading
 import time
 
-from launcher import jobwatch
+from launcher import jobwatch, report
+
+
+def finish(watch, code, text, primary):
+    """How the launcher ends a watch: the wire protocol's finish, then the verdict (launcher.report)."""
+    return report.job_result(watch.finish(code, text, primary), code, text, primary, watch.off)
 
 
 def say(**what: object) -> None:
@@ -48,9 +53,9 @@ def client(node: int, nnodes: int, port: int, timeout: float, job: str) -> None:
         time.sleep(0.01)
     if failing.is_set() and not stopped.is_set():
         say(node=node, failing=time.time())
-        code, report = watch.finish(7, f"algo-{node + 1}: rank {node} (local rank 0) exited with code 7", True)
+        code, report = finish(watch, 7, f"algo-{node + 1}: rank {node} (local rank 0) exited with code 7", True)
     else:
-        code, report = watch.finish(143, f"algo-{node + 1}: its workers were stopped because of that", False)
+        code, report = finish(watch, 143, f"algo-{node + 1}: its workers were stopped because of that", False)
     say(node=node, end=time.time(), code=code, report=report)
     watch.close()
 

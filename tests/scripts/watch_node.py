@@ -20,7 +20,12 @@ import sys
 import threading
 import time
 
-from launcher import jobwatch
+from launcher import jobwatch, report
+
+
+def finish(watch, code, text, primary):
+    """How the launcher ends a watch: the wire protocol's finish, then the verdict (launcher.report)."""
+    return report.job_result(watch.finish(code, text, primary), code, text, primary, watch.off)
 
 
 def say(**what: object) -> None:
@@ -55,14 +60,14 @@ def main() -> int:
         say(joined=time.time())
     if args.fail_after is not None:
         time.sleep(args.fail_after)
-        code, report = watch.finish(7, f"algo-{args.node + 1}: rank {args.node} (local rank 0) exited with code 7",
+        code, report = finish(watch, 7, f"algo-{args.node + 1}: rank {args.node} (local rank 0) exited with code 7",
                                     True)
     elif args.succeed_after is not None:
         time.sleep(args.succeed_after)
-        code, report = watch.finish(0, "", True)
+        code, report = finish(watch, 0, "", True)
     else:
         stopped.wait()
-        code, report = watch.finish(143, f"algo-{args.node + 1}: its workers were stopped because of that", False)
+        code, report = finish(watch, 143, f"algo-{args.node + 1}: its workers were stopped because of that", False)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     say(end=time.time(), code=code, report=report, cpu=usage.ru_utime + usage.ru_stime, maxrss=usage.ru_maxrss)
     watch.close()

@@ -180,6 +180,10 @@ class SageMaker(Platform):
     def report_path(self, environ: Mapping[str, str]) -> Optional[str]:
         return os.path.join(base_dir(environ), "output", "failure")
 
+    def outcome_path(self, environ: Mapping[str, str]) -> Optional[str]:
+        """``output/data/outcome.json``: SageMaker uploads ``output/data`` to S3 with the job's output."""
+        return os.path.join(base_dir(environ), "output", "data", "outcome.json")
+
     def fabric_env(self, cluster: Cluster, host: HostView) -> dict[str, str]:
         """NCCL on the job's interface; libfabric on EFA where the host has an EFA device."""
         env = {}

@@ -1,0 +1,248 @@
+"""A hung job's stacks, read: where each rank is, which rank is the odd one out, and the sentence that names it.
+
+Pure functions over text the workers wrote (so over any bytes): Python's ``faulthandler`` dumps, as a
+signal or a fatal error prints them, possibly with torchrun's ``[rankN]:`` prefix on every line::
+
+    [rank3]:Thread 0x00007f1c2a7fc6c0 (most recent call first):
+    [rank3]:  File "/usr/lib/python3.11/threading.py", line 324 in wait
+    [rank3]:
+    [rank3]:Current thread 0x00007f1c3b1c5740 (most recent call first):
+    [rank3]:  File "/job/train.py", line 57 in load_batch
+    [rank3]:  File "/job/train.py", line 88 in <module>
+
+Each rank's position is the innermost frame of its main thread that is the user's own code (not the
+standard library, not an installed package, not torch, not the launcher), with the library function it
+was in (``all_reduce``). Ranks are grouped by position; the odd one out is the group that is not waiting
+in a collective while others are, else the smaller groups; when every rank is at one place, that
+place is named.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple, Optional
+
+MAX_LINE = 4096  # characters of a line that are looked at
+MAX_FRAMES = 200  # frames kept per thread (faulthandler itself stops at 100)
+MAX_THREADS = 200  # threads kept per dump
+_PREFIX = re.compile(r"^\[rank(\d{1,7})\]:\s?")
+_HEADER = re.compile(r"^\s*(Current thread|Thread) (0x[0-9a-fA-F]+)\b.*\(most recent call first\):\s*$")
+_STACK = re.compile(r"^\s*Stack \(most recent call first\):\s*$")  # dump_traceback(all_threads=False)
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+|\?+) in (.*?)\s*$')
+_FATAL = re.compile(r"^\s*Fatal Python error: ")
+_STDLIB = re.compile(r"/lib(64)?/python\d+(\.\d+)?t?/")
+LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/torch/", "<frozen ")
+COLLECTIVE_PART = "/torch/distributed/"
+# torch.distributed's collectives: a rank in one waits for the others (recv, the store, init are no collective)
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all", "all_to_all_single",
+    "barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "gather", "gather_object", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "all_reduce_coalesced"})
+THREADING_BOOTSTRAP = "_bootstrap"
+
+
+class Frame(NamedTuple):
+    """One frame as faulthandler prints it; ``line`` 0 when it printed ``???``."""
+
+    file: str
+    line: int
+    func: str
+
+    def where(self) -> str:
+        """``train.py:57 in load_batch``."""
+        return f"{self.file.rsplit('/', 1)[-1]}:{self.line} in {self.func}"
+
+
+class Thread(NamedTuple):
+    """One thread of a dump: its id, whether it took the signal, its frames innermost first."""
+
+    ident: str
+    current: bool
+    frames: tuple[Frame, ...]
+
+
+class Position(NamedTuple):
+    """Where a rank is: its innermost user frame, the library function it is in, and whether it waits
+    in a ``torch.distributed`` collective (:data:`COLLECTIVES`). Plain values: sent between hosts."""
+
+    file: str
+    line: int
+    func: str
+    call: str  # the innermost frame's function when it is not user code, else ""
+    comm: bool
+
+    def where(self) -> str:
+        """``train.py:57 in load_batch``."""
+        return Frame(self.file, self.line, self.func).where()
+
+
+def split_prefix(line: str, default: Optional[int] = None) -> tuple[Optional[int], str]:
+    """``[rank3]:text`` -> (3, ``text``); a line without the prefix belongs to ``default``."""
+    match = _PREFIX.match(line)
+    if match:
+        return int(match.group(1)), line[match.end():]
+    return default, line
+
+
+def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Optional[int], list[Thread]]:
+    """Each rank's last stack dump (its threads in the order printed) from interleaved, prefixed lines.
+
+    A dump starts at a thread header; a thread id seen again, a ``Fatal Python error`` line or a
+    ``Stack`` header starts the rank's next dump. Lines that are no part of a dump are skipped.
+    """
+    dumps: dict[Optional[int], list[tuple[str, bool, list[Frame]]]] = {}
+    reading: dict[Optional[int], bool] = {}  # the rank's last line was part of a thread's frames
+    for raw in lines:
+        rank, text = split_prefix(raw[:MAX_LINE].rstrip("\r\n"), default)
+        header, stack = _HEADER.match(text), _STACK.match(text)
+        if header or stack or _FATAL.match(text):
+            current = dumps.setdefault(rank, [])
+            ident = header.group(2).lower() if header else "stack"
+            if not header or any(t[0] == ident for t in current):
+                current.clear()
+            reading[rank] = bool((header or stack) and len(current) < MAX_THREADS)
+            if reading[rank]:
+                current.append((ident, not header or header.group(1) == "Current thread", []))
+            continue
+        if not reading.get(rank):
+            continue
+        frame = _FRAME.match(text)
+        if frame:
+            frames = dumps[rank][-1][2]
+            if len(frames) < MAX_FRAMES:
+                number = frame.group(2)
+                frames.append(Frame(frame.group(1), int(number) if number.isdigit() else 0, frame.group(3)))
+        elif text.strip() and not text.strip().startswith("<"):
+            reading[rank] = False  # not blank, "<no Python frame>" or "<truncated rest of calls>": the dump is over
+    return {rank: [Thread(i, c, tuple(f)) for i, c, f in threads] for rank, threads in dumps.items() if threads}
+
+
+def is_user_code(path: str, own: Sequence[str] = ()) -> bool:
+    """True for the user's own files: not the standard library, an installed package, torch, or ``own``
+    (the launcher's files that run in the worker)."""
+    if _STDLIB.search(path) and "/site-packages/" not in path and "/dist-packages/" not in path:
+        return False
+    return not any(part in path for part in LIBRARY_PARTS) and not any(path.startswith(o) for o in own if o)
+
+
+def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
+    """The thread the script runs in: the one not started by ``threading`` whose outermost frame is
+    ``<module>``, else any not started by ``threading``, else the one that took the signal."""
+    def started_by_threading(t: Thread) -> bool:
+        return bool(t.frames) and t.frames[-1].func == THREADING_BOOTSTRAP and "threading" in t.frames[-1].file
+
+    mains = [t for t in threads if t.frames and not started_by_threading(t)]
+    for thread in mains:
+        if thread.frames[-1].func == "<module>":
+            return thread
+    if mains:
+        return mains[0]
+    return next((t for t in threads if t.current), threads[0] if threads else None)
+
+
+def position(threads: Sequence[Thread], own: Sequence[str] = ()) -> Optional[Position]:
+    """Where the rank's main thread is (see :class:`Position`); None when the dump has no frame."""
+    thread = main_thread(threads)
+    if thread is None or not thread.frames:
+        return None
+    frames = thread.frames
+    user = next((f for f in frames if is_user_code(f.file, own)), frames[0])
+    inner = frames[0]
+    comm = any(COLLECTIVE_PART in f.file and f.func in COLLECTIVES for f in frames[:frames.index(user)])
+    call = "" if inner is user else inner.func
+    return Position(user.file, user.line, user.func, call, comm)
+
+
+def ranges(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 4, 6, 7]`` -> ``0-2, 4, 6-7``."""
+    parts: list[str] = []
+    run: list[int] = []
+    for rank in sorted(set(ranks)):
+        if run and rank != run[-1] + 1:
+            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run = []
+        run.append(rank)
+    if run:
+        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ", ".join(parts)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranges(ranks)}"
+
+
+def _hosts(ranks: Sequence[int], hosts: Mapping[int, str]) -> str:
+    names = list(dict.fromkeys(hosts[r] for r in sorted(ranks) if r in hosts))
+    return f" ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})" if names else ""
+
+
+def _in(pos: Position) -> str:
+    """``in all_reduce (train.py:88)`` or ``at train.py:88 in step``."""
+    return f"in {pos.call} ({pos.where().split(' in ')[0]})" if pos.call else f"at {pos.where()}"
+
+
+def same_place(positions: Mapping[int, Position]) -> dict[int, Position]:
+    """Positions with their file's base name only: one script sits at another path on each host."""
+    return {rank: pos._replace(file=pos.file.rsplit("/", 1)[-1]) for rank, pos in positions.items()}
+
+
+def odd_ones_out(positions: Mapping[int, Position]) -> list[Position]:
+    """The positions whose ranks stand out: those not waiting in a collective while other ranks
+    are; else those of the smaller groups when one group is the largest; else none (see :func:`same_place`)."""
+    positions = same_place(positions)
+    groups: dict[Position, list[int]] = {}
+    for rank, pos in positions.items():
+        groups.setdefault(pos, []).append(rank)
+    if len(groups) < 2:
+        return []
+    waiting = [p for p in groups if p.comm]
+    if waiting and len(waiting) < len(groups):
+        return [p for p in groups if not p.comm]
+    sizes = sorted((len(r) for r in groups.values()), reverse=True)
+    if sizes[0] == sizes[1]:
+        return []
+    biggest = max(groups, key=lambda p: len(groups[p]))
+    return [p for p in groups if p is not biggest]
+
+
+def culprit_rank(positions: Mapping[int, Position]) -> Optional[int]:
+    """The one rank that stands out, when exactly one does."""
+    odd = set(odd_ones_out(positions))
+    ranks = [rank for rank, pos in same_place(positions).items() if pos in odd]
+    return ranks[0] if len(ranks) == 1 else None
+
+
+def culprit_sentence(positions: Mapping[int, Position], hosts: Mapping[int, str], silent_for: float,
+                     expected: Iterable[int] = ()) -> str:
+    """``hang: no progress for 300 s; rank 3 (algo-2) at train.py:57 in load_batch; ranks 0-2, 4-7 in
+    all_reduce (train.py:88)``: the odd ones out first, then the others; or the place every rank shares.
+    ``expected`` ranks with no position are named as such."""
+    head = f"hang: no progress for {silent_for:.0f} s"
+    positions = same_place(positions)
+    groups: dict[Position, list[int]] = {}
+    for rank in sorted(positions):
+        groups.setdefault(positions[rank], []).append(rank)
+    missing = sorted(set(expected) - set(positions))
+    tail = [f"no stack from {_ranks(missing)}{_hosts(missing, hosts)}"] if missing else []
+    if not groups:
+        return "; ".join([head, *tail])
+    odd = odd_ones_out(positions)
+    ordered = sorted(groups, key=lambda p: (p not in odd, -len(groups[p]) if p not in odd else len(groups[p]),
+                                            groups[p][0]))
+    if not odd and len(groups) == 1:
+        only = ordered[0]
+        everyone = "every rank" if not missing else f"{_ranks(groups[only])}"
+        return "; ".join([f"{head}; no rank stands out: {everyone} {_in(only)}"
+                          + (f" (called at {only.where()})" if only.call else ""), *tail])
+    parts = []
+    for pos in ordered:
+        ranks = groups[pos]
+        if pos in odd:
+            parts.append(f"{_ranks(ranks)}{_hosts(ranks, hosts)} at {pos.where()}"
+                         + (f" (in {pos.call})" if pos.call else ""))
+        else:
+            parts.append(f"{_ranks(ranks)} {_in(pos)}")
+    if not odd:
+        parts[0] = "no rank stands out: " + parts[0]
+    return "; ".join([head, *parts, *tail])

@@ -1,0 +1,417 @@
+"""Hang detection: no rank progressed for the hang timeout -> every rank's Python stacks, the culprit named.
+
+A thread of the launcher checks once a second when any rank was last heard (:mod:`launcher.progress`:
+output lines and beats). The clock starts when this host's workers exist (the rendezvous has its own
+bound). With several hosts, node 0 decides for the job: every other launcher adds to each job-watch
+heartbeat how long ago its ranks were last heard (``age``), and the job is hung when no rank of any
+host progressed for ``--hang-timeout`` seconds. Then, on every host at once (node 0 leads through the
+job watch's ``hang`` messages; see :class:`launcher.jobwatch.Extension`):
+
+1. ``freeze``: every launcher stops its workers (SIGSTOP) and says ``frozen``: from now on no worker can
+   die or notice that another did, so no stack changes while the others are taken;
+2. ``dump``: every launcher sends :data:`STACK_SIGNAL` (SIGABRT) and SIGCONT to its workers. They run with
+   ``PYTHONFAULTHANDLER=1`` (unless the user set it), so each prints the stack of every thread to its
+   stderr and ends; its core size limit is set to 0 first, so no core file is written. The stacks reach
+   each host's log in full, as every worker line does. Each launcher reads them (:mod:`launcher.hang`)
+   and sends node 0 its ranks' positions (``stacks``: each innermost frame in user code);
+3. ``verdict``: node 0 names the odd one out in one sentence and sends it to every host; it starts every
+   host's report, the job ends with exit code 124 (class ``hang``, :mod:`launcher.codes`) everywhere.
+
+Each step waits for every host at most a few seconds (:data:`FREEZE_WAIT`, :data:`STACK_WAIT`): a host
+that does not answer is named as having given no stack. A straggler (a rank heard before, now silent for
+half the timeout while others progress) is logged once per silence; nothing is stopped for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from launcher import hang, proctree
+from launcher.progress import BEAT_ENV, BEAT_SOCKET, BeatSocket, Progress
+
+if TYPE_CHECKING:
+    from launcher.cluster import Cluster
+    from launcher.jobwatch import Watch
+
+STACK_SIGNAL = signal.SIGABRT
+STACK_WAIT = 10.0  # seconds at most from the signal until the dumps are read
+FREEZE_WAIT = 3.0  # seconds node 0 waits for every host to say its workers are frozen
+QUIET = 0.5  # the dumps are complete when every rank has one and nothing came for this long
+HANG_GRACE = 2.0  # a hung worker runs no Python SIGTERM handler: a longer grace period only delays the end
+TICK = 1.0  # how often the silence is judged
+TURN = 0.2  # how often another host looks for node 0's orders
+MAX_GROUPS_BYTES = 3000  # what a ``stacks`` message carries (the job watch's lines are at most 4096 bytes)
+# NCCL's Flight Recorder (torch >= 2.3): ring buffer of the last collectives, written out on a timeout.
+NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+NCCL_DUMP_WAIT = 2.0  # seconds the Flight Recorder gets to write its traces
+NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # writing to <prefix><rank>.pipe makes that rank dump
+OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the launcher's files in a worker's stack
+
+StopRequest = Callable[[float, str], None]
+
+
+class HangWatch:
+    """This host's hang detector: a thread from :meth:`attach` (with torchrun's pid) to :meth:`close`.
+
+    ``watch`` is the job watch with several hosts (node 0's hub decides, the others follow); None alone.
+    """
+
+    def __init__(self, timeout: float, progress: Progress, beats: Optional[BeatSocket],
+                 hosts: Mapping[int, str], log: Callable[[str], None], watch: Optional[Watch] = None,
+                 node: int = 0) -> None:
+        self.timeout, self.progress, self.beats, self.hosts, self.log = timeout, progress, beats, hosts, log
+        self.watch, self.node = watch, node
+        self.nccl_env: Mapping[str, str] = {}  # the workers' environment, when it has the Flight Recorder's pipe
+        self.verdict: Optional[str] = None  # the culprit sentence once a hang was decided
+        self.culprit: tuple[Optional[int], Optional[str]] = (None, None)  # the rank that stands out, its host
+        self.details: list[str] = []  # one line per rank of this host: where it was
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self._request: Optional[StopRequest] = None
+        self._pid: Optional[int] = None
+        self._closing = threading.Event()
+        self._stragglers: set[int] = set()
+        self._busy_until = 0.0  # another host in the middle of a hang: wait for the verdict until then
+        self._frozen_at = 0.0
+        self._dumped = False
+        self._started: Optional[float] = None
+        self._remote: dict[int, float] = {}  # node -> when its ranks were last heard (this clock)
+        self._phases: list[dict] = []  # node 0's orders not yet carried out (another host)
+        self._frozen: set[int] = set()  # nodes that said frozen (node 0)
+        self._stacks: dict[int, dict] = {}  # node -> its stacks message (node 0)
+        self._positions: dict[int, hang.Position] = {}
+        self.thread = threading.Thread(target=self._loop, name="hang-watch", daemon=True)
+        if watch is not None:
+            watch.extension = self
+
+    # -- supervise's side --
+    def feed(self, chunk: bytes, stderr: bool = False) -> None:
+        """A chunk of torchrun's output (see :meth:`launcher.progress.Progress.feed`)."""
+        self.progress.feed(chunk, stderr)
+
+    def attach(self, request: Optional[StopRequest], pid: Optional[int] = None) -> None:
+        """Called by supervise with its stop hook and torchrun's pid once it runs; (None) when it returns."""
+        with self.lock:
+            self._request, self._pid = request, pid
+        if request is not None and not self.thread.is_alive():
+            self.thread.start()
+
+    def close(self) -> None:
+        """Stop the thread; a decision under way (stacks being read) is finished first (bounded)."""
+        self._closing.set()
+        with self.changed:
+            self.changed.notify_all()
+        if self.thread.is_alive():
+            self.thread.join(timeout=FREEZE_WAIT + 2 * STACK_WAIT + 5)
+        if self.beats is not None:
+            self.beats.close()
+
+    # -- the job watch's side (its loop thread: never blocks) --
+    def beat(self) -> dict:
+        """Fields for this host's heartbeats: how long ago its ranks were last heard (none before they run)."""
+        if self.node == 0 or self._started is None:
+            return {}
+        return {"age": round(time.monotonic() - self._latest_local(), 3)}
+
+    def on_message(self, node: int, host: str, message: dict) -> None:
+        """A heartbeat's ``age`` (node 0), or a ``hang`` message; a malformed one raises (the watch drops it)."""
+        kind = message["t"]
+        now = time.monotonic()
+        with self.changed:
+            if kind == "hb" and self.node == 0 and "age" in message:
+                age = float(message["age"])
+                if 0 <= age < 10 * 86400:
+                    self._remote[node] = now - age
+            elif kind == "hang" and self.node == 0:
+                phase = str(message["phase"])
+                if phase == "frozen":
+                    self._frozen.add(node)
+                elif phase == "stacks":
+                    self._stacks[node] = {"host": host, "ranks": [int(r) for r in message["ranks"]][:4096],
+                                          "groups": _read_groups(message["groups"])}
+                self.changed.notify_all()
+            elif kind == "hang" and node == 0 and self.node != 0:
+                self._phases.append(message)
+                self.changed.notify_all()
+
+    # -- the thread --
+    def _latest_local(self) -> float:
+        return max([self._started or time.monotonic(), *self.progress.last().values()])
+
+    def _workers(self) -> list[int]:
+        with self.lock:
+            pid = self._pid
+        return proctree.children_of(pid) if pid is not None else []
+
+    def _loop(self) -> None:
+        judged = 0.0
+        workers: list[int] = []
+        while not self._closing.is_set() or (self.verdict is None and time.monotonic() < self._busy_until):
+            if self.beats is not None:
+                ready, _, _ = select.select([self.beats], [], [], TURN)
+                if ready:
+                    self.beats.drain(self.progress)
+            else:
+                time.sleep(TURN)
+            if self.node != 0 and self._follow():
+                return
+            if time.monotonic() - judged < TICK:
+                continue
+            judged = time.monotonic()
+            workers = self._workers()
+            if not workers:
+                self._started = None  # not started yet (rendezvous), or ended: nothing can hang
+                continue
+            now = time.monotonic()
+            self._started = self._started or now
+            latest = self._latest_local()
+            self._check_stragglers(self.progress.last(), latest, now)
+            if self.node != 0:
+                continue
+            with self.lock:
+                latest = max([latest, *self._remote.values()])
+            if now - latest >= self.timeout and not self._closing.is_set():
+                self._lead(now - latest, workers)
+                return
+
+    def _check_stragglers(self, heard: Mapping[int, float], latest: float, now: float) -> None:
+        for rank, when in heard.items():
+            silent = now - when
+            if silent < self.timeout / 2:
+                self._stragglers.discard(rank)
+            elif rank not in self._stragglers and now - latest < self.timeout / 4:
+                self._stragglers.add(rank)
+                host = self.hosts.get(rank, "")
+                self.log(f"straggler: rank {rank}{f' ({host})' if host else ''} silent for {silent:.0f} s "
+                         f"while other ranks progress (hang timeout {self.timeout:g} s)")
+
+    def _lead(self, silent: float, workers: Sequence[int]) -> None:
+        """Node 0 (or a single host): freeze, dump, read, name the culprit, tell everyone, stop."""
+        others = self._running_nodes()
+        self.log(f"hang: no rank progressed for {silent:.0f} s (--hang-timeout {self.timeout:g}): asking "
+                 f"every worker{f' of {len(others) + 1} hosts' if others else ''} for the Python stacks of "
+                 "all its threads")
+        if others:
+            self._post({"phase": "freeze"})
+        self._nccl_dumps()
+        signal_workers(workers, signal.SIGSTOP)
+        if others:
+            self._wait(lambda: others <= self._frozen, FREEZE_WAIT)
+            self._post({"phase": "dump"})
+        positions = self._dump(workers)
+        if others:
+            self._wait(lambda: others <= set(self._stacks), STACK_WAIT + 3)
+        hosts = dict(self.hosts)
+        expected = set(self.hosts)
+        with self.lock:
+            for reply in self._stacks.values():
+                expected |= set(reply["ranks"])
+                hosts.update({rank: reply["host"] for rank in reply["ranks"]})
+                for pos, ranks in reply["groups"]:
+                    positions.update({rank: pos for rank in ranks})
+        sentence = hang.culprit_sentence(positions, hosts, silent, expected | self._expected_remote(others))
+        rank = hang.culprit_rank(positions)
+        self.culprit = (rank, hosts.get(rank) if rank is not None else None)
+        if others:
+            self._post({"phase": "verdict", "text": sentence, "rank": rank, "host": self.culprit[1]})
+        self._conclude(sentence)
+
+    def _follow(self) -> bool:
+        """Another host: carry out node 0's orders; True once the verdict came. Frozen workers whose
+        ``dump`` never comes (node 0 gone) are dumped here anyway, for this host's log."""
+        with self.lock:
+            phases, self._phases = self._phases, []
+        if self._frozen_at and not self._dumped and time.monotonic() - self._frozen_at > FREEZE_WAIT + STACK_WAIT:
+            self.log("hang: node 0 sent no dump order: taking this host's stacks anyway")
+            phases.append({"phase": "dump"})
+        for message in phases:
+            phase = message.get("phase")
+            self._busy_until = time.monotonic() + FREEZE_WAIT + STACK_WAIT + 10
+            if phase == "freeze":
+                self.log("hang: node 0 found no progress anywhere: freezing the workers here for their stacks")
+                self._nccl_dumps()
+                signal_workers(self._workers(), signal.SIGSTOP)
+                self._frozen_at = time.monotonic()
+                self._post({"phase": "frozen"})
+            elif phase == "dump" and not self._dumped:
+                self._dumped = True
+                ranks = sorted(self.hosts)
+                positions = self._dump(self._workers())
+                self._post({"phase": "stacks", "ranks": ranks, "groups": _write_groups(positions)})
+            elif phase == "verdict":
+                rank, host = message.get("rank"), message.get("host")
+                self.culprit = (rank if isinstance(rank, int) else None, str(host)[:100] if host else None)
+                self._conclude(str(message.get("text", ""))[:1000] or "hang: (no verdict text)")
+                return True
+        return False
+
+    def _dump(self, workers: Sequence[int]) -> dict[int, hang.Position]:
+        """Stacks of this host's (frozen) workers: SIGABRT pending, then SIGCONT; read, and logged per rank."""
+        self.progress.capture()
+        signal_workers(workers, STACK_SIGNAL)
+        signal_workers(workers, signal.SIGCONT)
+        dumps = self._wait_for_dumps(len(workers))
+        positions = {rank: pos for rank, threads in dumps.items() if rank is not None
+                     for pos in [hang.position(threads, (OWN_DIR,))] if pos is not None}
+        self._positions = positions
+        self.details = [f"rank {rank} ({self.hosts.get(rank, '?')}): {pos.where()}"
+                        + (f", in {pos.call}" if pos.call else "") for rank, pos in sorted(positions.items())]
+        return dict(positions)
+
+    def _nccl_dumps(self) -> None:
+        """GPU runs: the Flight Recorder's traces first (its thread must run: before the freeze)."""
+        if self.nccl_env and trigger_nccl_dumps(self.nccl_env, sorted(self.hosts)):
+            self.log(f"hang: asked NCCL's Flight Recorder of each rank here for its trace "
+                     f"({self.nccl_env.get('TORCH_NCCL_DEBUG_INFO_TEMP_FILE', '')}<rank>)")
+            time.sleep(NCCL_DUMP_WAIT)
+
+    def _conclude(self, sentence: str) -> None:
+        self.verdict = sentence
+        self.log(sentence)
+        with self.lock:
+            request = self._request
+        if request is not None:
+            request(HANG_GRACE, f"{sentence.split(';')[0]}: stopping the workers "
+                                f"(grace period at most {HANG_GRACE:g} s)")
+
+    def _running_nodes(self) -> set[int]:
+        watch = self.watch
+        states = getattr(watch, "states", None) if watch is not None else None
+        return {n for n, state in (states or {}).items() if state == "running" and n != 0}
+
+    def _expected_remote(self, nodes: set[int]) -> set[int]:
+        """The ranks of hosts that sent no stacks (node k holds k*n..k*n+n-1 with n ranks per host here)."""
+        per = len(self.hosts)
+        return {node * per + i for node in nodes if node not in self._stacks for i in range(per)}
+
+    def _post(self, fields: dict) -> None:
+        if self.watch is not None:
+            self.watch.post({"t": "hang", **fields})
+
+    def _wait(self, done: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not done() and time.monotonic() < deadline:
+                self.changed.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+
+    def _wait_for_dumps(self, count: int) -> dict[Optional[int], list[hang.Thread]]:
+        """The dumps printed since the signal: until every worker's is there and output is quiet, at most
+        :data:`STACK_WAIT` s."""
+        deadline = time.monotonic() + STACK_WAIT
+        size, changed = -1, time.monotonic()
+        dumps: dict[Optional[int], list[hang.Thread]] = {}
+        while time.monotonic() < deadline:
+            lines = self.progress.captured_lines()
+            if len(lines) != size:
+                size, changed = len(lines), time.monotonic()
+                dumps = hang.parse_dumps(lines)
+            elif len([r for r in dumps if r is not None]) >= count and time.monotonic() - changed >= QUIET:
+                break
+            time.sleep(0.1)
+        return hang.parse_dumps(self.progress.captured_lines())
+
+
+def _write_groups(positions: Mapping[int, hang.Position]) -> list[list[Any]]:
+    """Positions as ``[[file, line, func, call, comm, [ranks]], ...]``, within :data:`MAX_GROUPS_BYTES`."""
+    groups: dict[hang.Position, list[int]] = {}
+    for rank, pos in sorted(positions.items()):
+        groups.setdefault(pos, []).append(rank)
+    out: list[list[Any]] = []
+    size = 0
+    for pos, ranks in groups.items():
+        item = [pos.file[-200:], pos.line, pos.func[:100], pos.call[:100], pos.comm, ranks]
+        size += len(str(item)) + 8
+        if size > MAX_GROUPS_BYTES:
+            break
+        out.append(item)
+    return out
+
+
+def _read_groups(groups: object) -> list[tuple[hang.Position, list[int]]]:
+    """The inverse of :func:`_write_groups`, from another host: raises on a malformed value."""
+    if not isinstance(groups, list):
+        raise ValueError("groups")
+    read = []
+    for item in groups[:1000]:
+        file, line, func, call, comm, ranks = item
+        read.append((hang.Position(str(file)[:200], int(line), str(func)[:100], str(call)[:100], bool(comm)),
+                     [int(r) for r in ranks][:4096]))
+    return read
+
+
+def signal_workers(pids: Sequence[int], signum: int) -> None:
+    """Send ``signum`` to each worker; before SIGABRT, set its core size limit to 0 (no core file)."""
+    import resource  # only on a hang
+
+    for pid in pids:
+        if signum == signal.SIGABRT:
+            with contextlib.suppress(OSError, ValueError):
+                resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def worker_env(environ: Mapping[str, str], run_dir: str, gpus: int = 0) -> tuple[dict[str, str], list[str]]:
+    """The workers' variables for hang detection: where beats go, and faulthandler on (unless the user
+    set ``PYTHONFAULTHANDLER``: then a note says stacks may not come). With GPUs, NCCL's Flight Recorder
+    (:data:`NCCL_FLIGHT_RECORDER`): each rank keeps its last collectives and writes them out on a NCCL
+    timeout, or when the launcher writes to its pipe at a hang; a variable the user set wins. Pure."""
+    changes = {BEAT_ENV: os.path.join(run_dir, BEAT_SOCKET)}
+    notes = []
+    if "PYTHONFAULTHANDLER" in environ:
+        if not environ["PYTHONFAULTHANDLER"]:
+            notes.append("kept PYTHONFAULTHANDLER= (set by the user): a hang's stacks will be missing")
+    else:
+        changes["PYTHONFAULTHANDLER"] = "1"
+    if gpus:
+        tmp = environ.get("TMPDIR") or "/tmp"
+        wanted = {**NCCL_FLIGHT_RECORDER, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(tmp, "nccl_trace_rank_"),
+                  NCCL_PIPE_ENV: os.path.join(run_dir, "nccl_pipe_rank_")}
+        changes.update({k: v for k, v in wanted.items() if k not in environ})
+    return changes, notes
+
+
+def trigger_nccl_dumps(environ: Mapping[str, str], ranks: Sequence[int]) -> int:
+    """Ask each rank's NCCL Flight Recorder to write its trace (a byte to its pipe); how many took it.
+    A pipe nobody reads (no NCCL, or the user's own setting elsewhere) is skipped at once."""
+    prefix = environ.get(NCCL_PIPE_ENV)
+    done = 0
+    for rank in ranks if prefix else ():
+        with contextlib.suppress(OSError):
+            fd = os.open(f"{prefix}{rank}.pipe", os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                done += os.write(fd, b"1") == 1
+            finally:
+                os.close(fd)
+    return done
+
+
+def for_cluster(cluster: Cluster, timeout: float, run_dir: str, log: Callable[[str], None],
+                watch: Optional[Watch] = None) -> HangWatch:
+    """This host's hang watch: its ranks named by this host, beats on the run directory's socket."""
+    beats: Optional[BeatSocket] = None
+    try:
+        beats = BeatSocket(run_dir)
+    except OSError as exc:
+        log(f"progress beats off: cannot bind {os.path.join(run_dir, BEAT_SOCKET)}: {exc}; output lines "
+            "still count as progress")
+    first = cluster.node_rank * cluster.nproc_per_node
+    hosts = {first + i: cluster.current_host for i in range(cluster.nproc_per_node)}
+    return HangWatch(timeout, Progress(), beats, hosts, log, watch, cluster.node_rank)
+
+
+def report(watch: HangWatch, limit: int) -> str:
+    """The hang's report: the culprit sentence, then where each rank of this host was; at most ``limit``."""
+    text = watch.verdict or ""
+    for line in watch.details:
+        if len(text) + 1 + len(line) > limit:
+            break
+        text += "\n" + line
+    return text[:limit]

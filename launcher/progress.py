@@ -1,0 +1,118 @@
+"""When each rank was last heard: its output lines, and the explicit beats of scripts that print rarely.
+
+- Output: torchrun copies every worker line to the launcher with a ``[rankN]:`` prefix (``--tee``);
+  :meth:`Progress.feed` takes the chunks the supervisor's output pumps read and notes the ranks whose
+  lines they hold (one regular-expression scan of the chunk; nothing is kept).
+- Beats: the launcher binds a UNIX datagram socket in the run directory and names it in the workers'
+  environment (:data:`BEAT_ENV`). A script sends its rank as a datagram, e.g. once per step::
+
+      beat = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); beat.setblocking(False)  # once
+      with contextlib.suppress(OSError, KeyError): beat.sendto(os.environ["RANK"].encode(), os.environ[BEAT_ENV])
+
+  One system call, no output, never blocks; when nobody listens (no launcher, hang detection off) it
+  fails at once with ``FileNotFoundError``/``ConnectionRefusedError``, which is ignored.
+- After a hang is decided, :meth:`Progress.capture` keeps (bounded) what the workers print on stderr
+  next: their stack dumps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import threading
+import time
+from typing import Optional
+
+BEAT_ENV = "DDP_LAUNCHER_PROGRESS"
+BEAT_SOCKET = "progress.sock"
+MAX_BEAT = 64  # bytes of a beat datagram that are read: the rank, then an optional word
+CAPTURE_LIMIT = 16 * 1024 * 1024  # bytes of stack dumps kept after a hang (a few MB for hundreds of threads)
+_RANK_LINE = re.compile(rb"^\[rank(\d{1,7})\]:", re.MULTILINE)
+
+
+class Progress:
+    """Per rank, the monotonic time it was last heard. Thread-safe; fed by the pumps and the beats."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.heard: dict[int, float] = {}
+        self.beats = 0
+        self.captured: Optional[bytearray] = None
+
+    def feed(self, chunk: bytes, stderr: bool = False) -> None:
+        """Note the ranks whose lines ``chunk`` holds (a line's prefix cut by the chunk's start is missed:
+        the rank's next line counts). While capturing, keep stderr's bytes."""
+        ranks = {int(m) for m in _RANK_LINE.findall(chunk)} if b"[rank" in chunk else ()
+        now = time.monotonic()
+        with self.lock:
+            for rank in ranks:
+                self.heard[rank] = now
+            if stderr and self.captured is not None and len(self.captured) < CAPTURE_LIMIT:
+                self.captured += chunk[:CAPTURE_LIMIT - len(self.captured)]
+
+    def beat(self, rank: int) -> None:
+        """A rank's explicit beat."""
+        with self.lock:
+            self.heard[rank] = time.monotonic()
+            self.beats += 1
+
+    def last(self) -> dict[int, float]:
+        """A copy of rank -> when last heard (monotonic)."""
+        with self.lock:
+            return dict(self.heard)
+
+    def capture(self) -> None:
+        """Start keeping stderr's bytes (the stack dumps that follow)."""
+        with self.lock:
+            self.captured = bytearray()
+
+    def captured_lines(self) -> list[str]:
+        """What was kept since :meth:`capture`, as lines (bad bytes replaced)."""
+        with self.lock:
+            data = bytes(self.captured or b"")
+        return data.decode("utf-8", "replace").splitlines()
+
+
+def parse_beat(data: bytes) -> Optional[int]:
+    """A beat datagram's rank (``b"3"``, ``b"3 eval"``); None when it is not one."""
+    head = data[:MAX_BEAT].split(b" ", 1)[0].strip()
+    return int(head) if head.isdigit() and len(head) <= 7 else None
+
+
+class BeatSocket:
+    """The UNIX datagram socket beats arrive on; :meth:`drain` reads what came (never blocks)."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.path = os.path.join(run_dir, BEAT_SOCKET)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self.sock.bind(self.path)
+        except OSError:
+            self.sock.close()
+            raise
+        self.sock.setblocking(False)
+
+    def fileno(self) -> int:
+        """For select."""
+        return self.sock.fileno()
+
+    def drain(self, progress: Progress, limit: int = 10000) -> None:
+        """Read every waiting beat (at most ``limit``) into ``progress``."""
+        for _ in range(limit):
+            try:
+                data = self.sock.recv(MAX_BEAT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            rank = parse_beat(data)
+            if rank is not None:
+                progress.beat(rank)
+
+    def close(self) -> None:
+        """Close and remove the socket file."""
+        self.sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)

@@ -1,0 +1,267 @@
+"""Reading a hung job's stacks (launcher/hang.py) and its progress (launcher/progress.py): pure parts.
+
+The parser reads what workers print, so it is tested on any text (hypothesis), on dumps rendered in
+faulthandler's format with and without torchrun's ``[rankN]:`` prefix and interleaved across ranks
+(round trip), and on dumps real Python processes print (signal and fatal-error forms).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+from conftest import PYTHON
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher import hang, progress
+from launcher.hang import Frame, Position
+
+SITE = "/usr/lib/python3.11/site-packages"
+C10D = f"{SITE}/torch/distributed/distributed_c10d.py"
+
+
+def render(ident: str, current: bool, frames: list[Frame]) -> list[str]:
+    """One thread as faulthandler prints it."""
+    head = f"{'Current thread' if current else 'Thread'} {ident} (most recent call first):"
+    return [head, *(f'  File "{f.file}", line {f.line} in {f.func}' for f in frames), ""]
+
+
+paths = st.sampled_from(["/job/train.py", "/job/data.py", f"{SITE}/torch/nn/module.py", C10D,
+                         "/usr/lib/python3.11/threading.py", "<frozen runpy>", "/job/my lib/x.py"])
+funcs = st.from_regex(r"[A-Za-z_<>][A-Za-z0-9_<>]{0,20}", fullmatch=True)
+frames_st = st.lists(st.builds(Frame, paths, st.integers(1, 10**6), funcs), min_size=1, max_size=8)
+threads_st = st.lists(frames_st, min_size=1, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=300), max_size=60), st.one_of(st.none(), st.integers(0, 9)))
+def test_any_text_parses_without_error_and_bounded(lines: list[str], default: object) -> None:
+    dumps = hang.parse_dumps(lines, default)  # type: ignore[arg-type]
+    for threads in dumps.values():
+        assert 0 < len(threads) <= hang.MAX_THREADS
+        assert all(len(t.frames) <= hang.MAX_FRAMES for t in threads)
+        hang.position(threads)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=3000))
+def test_any_bytes_parse_as_worker_output(data: bytes) -> None:
+    hang.parse_dumps(data.decode("utf-8", "replace").splitlines())
+    prog = progress.Progress()
+    prog.feed(data, stderr=True)
+    assert progress.parse_beat(data) is None or progress.parse_beat(data) >= 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(0, 63), threads_st, min_size=1, max_size=5), st.randoms(), st.booleans())
+def test_round_trip_interleaved_prefixed_dumps(stacks: dict[int, list[list[Frame]]], rnd: object,
+                                               prefixed: bool) -> None:
+    # Each rank's lines keep their order; ranks interleave at random, as torchrun's tee threads write them.
+    queues = {rank: [f"[rank{rank}]:{line}" for i, frames in enumerate(threads)
+                     for line in render(f"0x{i + 1:016x}", i == len(threads) - 1, frames)]
+              for rank, threads in stacks.items()}
+    if not prefixed:
+        queues = {min(stacks): [line.split(":", 1)[1] for line in queues[min(stacks)]]}
+    merged = []
+    while any(queues.values()):
+        rank = rnd.choice([r for r, q in queues.items() if q])  # type: ignore[attr-defined]
+        merged.append(queues[rank].pop(0))
+    dumps = hang.parse_dumps(merged, default=None if prefixed else 99)
+    expected = stacks if prefixed else {99: stacks[min(stacks)]}
+    assert {r: [list(t.frames) for t in threads] for r, threads in dumps.items()} == expected
+
+
+def test_a_second_dump_replaces_the_first() -> None:
+    first = render("0x1", True, [Frame("/job/a.py", 1, "old")])
+    second = render("0x1", True, [Frame("/job/a.py", 2, "new")])
+    dumps = hang.parse_dumps([f"[rank0]:{line}" for line in first + ["noise"] + second])
+    assert [t.frames for t in dumps[0]] == [(Frame("/job/a.py", 2, "new"),)]
+
+
+def real_dump(code: str, fatal: bool) -> list[str]:
+    """What a real Python process prints: faulthandler on a registered signal, or on SIGABRT."""
+    script = textwrap.dedent(code)
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.run([PYTHON, "-c", script, "fatal" if fatal else "register"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode == -signal.SIGABRT) == fatal, proc.stderr
+    return proc.stderr.splitlines()
+
+
+REAL = """
+import faulthandler, os, signal, sys, threading, time
+def helper():
+    time.sleep(30)
+def load_batch():
+    if sys.argv[1] == "register":
+        faulthandler.register(signal.SIGUSR2, all_threads=True)
+        os.kill(os.getpid(), signal.SIGUSR2)
+    else:
+        os.abort()
+threading.Thread(target=helper, daemon=True).start()
+time.sleep(0.1)
+load_batch()
+"""
+
+
+def test_real_dumps_signal_and_fatal_name_the_main_threads_user_frame() -> None:
+    for fatal in (False, True):
+        lines = real_dump(REAL, fatal)
+        dumps = hang.parse_dumps([f"[rank5]:{line}" for line in lines])
+        threads = dumps[5]
+        assert len(threads) == 2, lines
+        pos = hang.position(threads)
+        assert pos is not None and (pos.func, pos.line, pos.comm) == ("load_batch", 8 if fatal is False else 10,
+                                                                      False), (pos, lines)
+
+
+def test_user_code_is_not_stdlib_packages_torch_or_the_launcher() -> None:
+    assert hang.is_user_code("/job/train.py") and hang.is_user_code("<string>")
+    assert hang.is_user_code("/home/me/lib/python/project/train.py")
+    for path in ("/usr/lib/python3.11/threading.py", "/root/.pyenv/versions/3.11.7/lib/python3.11/queue.py",
+                 f"{SITE}/numpy/core.py", "/usr/lib/python3/dist-packages/x.py", "/src/pytorch/torch/nn/f.py",
+                 "<frozen runpy>", "/opt/venv/lib64/python3.13t/selectors.py"):
+        assert not hang.is_user_code(path), path
+    assert not hang.is_user_code("/opt/launcher/launcher/boot.py", ("/opt/launcher/launcher/",))
+
+
+def test_position_is_the_innermost_user_frame_with_the_call_it_is_in() -> None:
+    frames = (Frame(C10D, 3913, "all_reduce"), Frame(f"{SITE}/torch/distributed/c10d_logger.py", 83, "wrapper"),
+              Frame("/job/train.py", 88, "step"), Frame("/job/train.py", 99, "<module>"))
+    helper = (Frame("/job/train.py", 5, "prefetch"), Frame("/usr/lib/python3.11/threading.py", 1002, "_bootstrap"))
+    pos = hang.position([hang.Thread("0x2", True, helper), hang.Thread("0x1", False, frames)])
+    assert pos == Position("/job/train.py", 88, "step", "all_reduce", True)
+    assert pos.where() == "train.py:88 in step"
+    only_library = (Frame(C10D, 1, "barrier"),)
+    assert hang.position([hang.Thread("0x1", True, only_library)]) == Position(C10D, 1, "barrier", "", False)
+
+
+def pos(line: int, func: str, call: str = "", comm: bool = False) -> Position:
+    return Position("/job/train.py", line, func, call, comm)
+
+
+HOSTS = {r: f"algo-{r // 2 + 1}" for r in range(8)}
+REDUCE = pos(88, "main", "all_reduce", True)
+
+
+def test_the_rank_outside_the_collective_is_the_culprit() -> None:
+    positions = {r: REDUCE for r in range(8)}
+    positions[3] = pos(57, "load_batch")
+    assert hang.culprit_sentence(positions, HOSTS, 300, range(8)) == (
+        "hang: no progress for 300 s; rank 3 (algo-2) at train.py:57 in load_batch; "
+        "ranks 0-2, 4-7 in all_reduce (train.py:88)")
+
+
+def test_even_two_ranks_one_outside_the_collective() -> None:
+    positions = {0: REDUCE, 1: pos(12, "read_input", "read")}
+    assert hang.culprit_sentence(positions, HOSTS, 20, range(2)) == (
+        "hang: no progress for 20 s; rank 1 (algo-1) at train.py:12 in read_input (in read); "
+        "rank 0 in all_reduce (train.py:88)")
+
+
+def test_a_minority_group_stands_out_when_all_wait_in_collectives() -> None:
+    positions = {r: REDUCE for r in range(4)}
+    positions[2] = pos(70, "main", "broadcast", True)
+    sentence = hang.culprit_sentence(positions, HOSTS, 60, range(4))
+    assert sentence.startswith("hang: no progress for 60 s; rank 2 (algo-2) at train.py:70 in main (in broadcast)")
+
+
+def test_no_rank_stands_out_names_the_shared_place() -> None:
+    positions = {r: pos(30, "main") for r in range(4)}
+    assert hang.culprit_sentence(positions, HOSTS, 15, range(4)) == (
+        "hang: no progress for 15 s; no rank stands out: every rank at train.py:30 in main")
+    tie = {0: pos(30, "main"), 1: pos(31, "main")}
+    assert "no rank stands out: " in hang.culprit_sentence(tie, HOSTS, 15, range(2))
+
+
+def test_ranks_without_a_stack_are_named() -> None:
+    positions = {r: REDUCE for r in (0, 1, 2)}
+    sentence = hang.culprit_sentence(positions, HOSTS, 15, range(6))
+    assert sentence.endswith("; no stack from ranks 3-5 (algo-2, algo-3)"), sentence
+
+
+@given(st.sets(st.integers(0, 200)))
+def test_ranges_name_every_rank_once(ranks: set[int]) -> None:
+    text = hang.ranges(ranks)
+    back = set()
+    for part in filter(None, text.split(", ")):
+        low, _, high = part.partition("-")
+        back |= set(range(int(low), int(high or low) + 1))
+    assert back == ranks
+
+
+def test_progress_lines_and_beats_mark_their_rank(tmp_path: object) -> None:
+    prog = progress.Progress()
+    prog.feed(b"[rank3]:step 1\n[rank10]:loss 2\nno prefix [rank4]: inside\n")
+    assert set(prog.last()) == {3, 10}
+    beats = progress.BeatSocket(str(tmp_path))
+    try:
+        sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        for payload in (b"5", b"6 eval", b"junk", b"-1", b"9" * 100):
+            sender.sendto(payload, beats.path)
+        beats.drain(prog)
+        assert set(prog.last()) == {3, 10, 5, 6} and prog.beats == 2
+    finally:
+        beats.close()
+    assert not os.path.exists(beats.path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as nobody:  # nobody listens: fails at once
+        nobody.setblocking(False)
+        try:
+            nobody.sendto(b"1", beats.path)
+            raise AssertionError("a beat to nobody was accepted")
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass
+
+
+def test_capture_keeps_stderr_after_the_hang_only() -> None:
+    prog = progress.Progress()
+    prog.feed(b"[rank0]:before\n", stderr=True)
+    prog.capture()
+    prog.feed(b"[rank0]:on stdout\n")
+    prog.feed(b"[rank0]:Thread 0x1 (most recent call first):\n[rank0]:  File \"/j/t.py\", line 3 in f\n", stderr=True)
+    assert prog.captured_lines() == ["[rank0]:Thread 0x1 (most recent call first):",
+                                     '[rank0]:  File "/j/t.py", line 3 in f']
+    assert sys.getsizeof(prog.captured) < progress.CAPTURE_LIMIT + 1024
+
+
+def test_worker_env_sets_faulthandler_beats_and_nccl_on_gpus_only_unless_the_user_did() -> None:
+    from launcher import hangwatch
+
+    plain, notes = hangwatch.worker_env({}, "/run/x")
+    assert plain == {progress.BEAT_ENV: "/run/x/progress.sock", "PYTHONFAULTHANDLER": "1"} and notes == []
+    gpu, _ = hangwatch.worker_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TMPDIR": "/scratch"}, "/run/x", gpus=8)
+    assert gpu["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in gpu
+    assert gpu["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/scratch/nccl_trace_rank_"
+    assert gpu[hangwatch.NCCL_PIPE_ENV] == "/run/x/nccl_pipe_rank_"
+    off, notes = hangwatch.worker_env({"PYTHONFAULTHANDLER": ""}, "/run/x")
+    assert "PYTHONFAULTHANDLER" not in off and "stacks will be missing" in notes[0]
+
+
+def test_nccl_pipes_nobody_reads_are_skipped_and_a_reader_gets_its_byte(tmp_path: object) -> None:
+    from launcher import hangwatch
+
+    prefix = os.path.join(str(tmp_path), "pipe_rank_")
+    os.mkfifo(prefix + "1.pipe")
+    reader = os.open(prefix + "1.pipe", os.O_RDONLY | os.O_NONBLOCK)  # rank 1 listens, rank 0 has no pipe
+    try:
+        assert hangwatch.trigger_nccl_dumps({hangwatch.NCCL_PIPE_ENV: prefix}, [0, 1]) == 1
+        assert os.read(reader, 10) == b"1"
+    finally:
+        os.close(reader)
+    os.mkfifo(prefix + "2.pipe")  # nobody reads: skipped at once, never blocks
+    assert hangwatch.trigger_nccl_dumps({hangwatch.NCCL_PIPE_ENV: prefix}, [2]) == 0
+
+
+def test_a_point_to_point_wait_is_no_collective_two_ranks_still_have_a_culprit() -> None:
+    recv = (Frame(C10D, 2700, "recv"), Frame("/job/train.py", 40, "wait_for_peer"))
+    reduce = (Frame(C10D, 3913, "all_reduce"), Frame("/job/train.py", 88, "main"))
+    positions = {0: hang.position([hang.Thread("0x1", True, reduce)]),
+                 1: hang.position([hang.Thread("0x1", True, recv)])}
+    assert positions[1] is not None and not positions[1].comm and positions[0].comm  # type: ignore[union-attr]
+    assert hang.culprit_sentence(positions, HOSTS, 10, range(2)).startswith(  # type: ignore[arg-type]
+        "hang: no progress for 10 s; rank 1 (algo-1) at train.py:40 in wait_for_peer (in recv); rank 0 in all_reduce")
