@@ -357,6 +357,9 @@ def test_files_of_every_kind_are_refused_at_once(dirs, kind, size, reader):
     path = _file_kind(dirs, kind, size if kind == "sparse" else 0)
     if kind == "/dev/tty" and not os.path.exists("/dev/tty"):
         return
+    if kind == "sparse" and size <= MAX_CONFIG_BYTES and reader == "read_bounded":
+        assert read_bounded(str(path), MAX_CONFIG_BYTES, "the file") == b"\0" * size  # within the bound: read
+        return
     read = _readers(dirs, path)[reader]
     tracemalloc.start()
     signal.alarm(20)  # a read that blocks (a FIFO) would hang for ever: fail instead
@@ -371,7 +374,8 @@ def test_files_of_every_kind_are_refused_at_once(dirs, kind, size, reader):
     assert "Traceback" not in str(refused.value)
     if kind != "sparse":
         assert "not a regular file" in str(refused.value) or "does not exist" in str(refused.value)
-    assert peak < 3 * MAX_CONFIG_BYTES, peak  # at most the bound's bytes are ever read
+    # At most the bound's bytes are ever read; a file within it is parsed (decoded, split: a few copies).
+    assert peak < 8 * MAX_CONFIG_BYTES, peak
 
 
 @FUZZ

@@ -181,8 +181,10 @@ class SageMaker(Platform):
         return os.path.join(base_dir(environ), "output", "failure")
 
     def outcome_path(self, environ: Mapping[str, str]) -> Optional[str]:
-        """``output/data/outcome.json``: SageMaker uploads ``output/data`` to S3 with the job's output."""
-        return os.path.join(base_dir(environ), "output", "data", "outcome.json")
+        """``output/data/outcome.json``: SageMaker uploads ``output/data`` to S3 with the job's output.
+        None where ``output/`` does not exist (not a SageMaker container: nothing is created there)."""
+        output = os.path.join(base_dir(environ), "output")
+        return os.path.join(output, "data", "outcome.json") if os.path.isdir(output) else None
 
     def fabric_env(self, cluster: Cluster, host: HostView) -> dict[str, str]:
         """NCCL on the job's interface; libfabric on EFA where the host has an EFA device."""
