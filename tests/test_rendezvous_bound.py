@@ -22,6 +22,7 @@ TIMEOUT = 2
 def second_host(tmp_path):
     config = tmp_path / "input" / "config"
     config.mkdir(parents=True)
+    (tmp_path / "output").mkdir()  # as in a SageMaker container: the outcome file goes to output/data
     (config / "resourceconfig.json").write_text('{"current_host": "algo-2", "hosts": ["algo-1", "algo-2"]}')
     (tmp_path / "train.py").write_text("print('never runs')\n")
 
