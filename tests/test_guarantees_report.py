@@ -332,7 +332,7 @@ def run_host(tmp_path, args, wrap=None, nproc=1):
     else:  # the launcher's own process, exec'd after the wrapper set up its mount namespace
         env = launcher_env(SAGEMAKER_BASE_DIR=str(base), WORKER_RECORD_DIR=str(base / "records"),
                            LAUNCHER_MASTER_PORT=str(free_port()), LAUNCHER_RESOLVE="algo-1=127.0.0.1")
-        (base / "output").mkdir()
+        (base / "output").mkdir(exist_ok=True)
         proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", wrap, "sh",
                                  str(base / "output"), PYTHON, "-m", "launcher", *argv],
                                 env=env, cwd=str(base), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
