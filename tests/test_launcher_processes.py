@@ -23,7 +23,7 @@ def make_host(root, name, hosts):
     base = root / name
     (base / "input" / "config").mkdir(parents=True)
     (base / "records").mkdir()
-    (base / "output").mkdir(exist_ok=True)  # a SageMaker container has it: the failure report and the outcome file go there
+    (base / "output").mkdir(exist_ok=True)  # as in a SageMaker container: the report and outcome go there
     (base / "input" / "config" / "resourceconfig.json").write_text(json.dumps({
         "current_host": name, "hosts": hosts, "network_interface_name": "lo",
         "current_instance_type": "ml.m5.xlarge", "current_group_name": "homogeneousCluster",
