@@ -245,9 +245,11 @@ def test_lone_host_reports_the_rendezvous_it_waited_for(tmp_path):
     port = free_port()
     proc = start_launcher(base, ["--rdzv-timeout", "3", WORKER], port, hosts)
     _out, err = proc.communicate(timeout=90)
-    assert proc.returncode == 1, err[-2000:]
+    assert proc.returncode == 75, err[-2000:]  # the rendezvous class: the infrastructure's, worth a retry
+    assert json.loads((base / "output" / "data" / "outcome.json").read_text())["class"] == "rendezvous"
     first = (base / "output" / "failure").read_text().splitlines()[0]
-    assert first == (f"algo-2: torchrun failed before or around the workers (exit code 1); "
-                     f"rendezvous algo-1:{port} as node 1 of 2, timeout 3 s")
+    # torchrun's own rendezvous timeout, or (a slow start) the launcher's bound and its diagnosis: both 75
+    assert first.startswith(f"algo-2: torchrun failed before or around the workers (exit code 75); "
+                            f"rendezvous algo-1:{port} as node 1 of 2, timeout 3 s")
     torchrun = re.search(r"torchrun started as pid (\d+)", err).group(1)
     assert_gone([proc.pid, torchrun])
