@@ -14,7 +14,8 @@ BENCHMARKS = (
     ["bench_launcher.py", "--pairs", "15", "--steps", "100"],
     ["bench_simulate.py", "--pairs", "7"],
     ["bench_train_throughput.py", "--rounds", "5", "--variants"],
-    ["bench_faults.py", "--rounds", "2"],
+    ["bench_faults.py", "--rounds", "3"],
+    ["bench_watch_scale.py", "--rounds", "3"],
 )
 
 if __name__ == "__main__":

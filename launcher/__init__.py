@@ -10,7 +10,8 @@ names every module and only modules that exist):
 
 - ``cli``: ties it together (``python -m launcher``, ``ddp-launcher``): ``plan()`` decides, ``run()`` starts.
 - ``options``: the launcher's own options (flags, ``LAUNCHER_*``, a platform's own argv form) and ``--help``.
-- ``errors``: ``ConfigError`` (bad input: exit 2, one line) and how a bad value is quoted.
+- ``errors``: ``ConfigError`` (bad input: exit 2, one line), how a bad value is quoted, bounded numbers.
+- ``filereader``: every input file read as a regular file, bounded, never blocking (FIFOs, devices refused).
 - ``platforms/``: the registry of cluster types in detection order, and ``choose()``.
 
   - ``platforms/base``: the ``Platform`` interface, ``HostView`` and the small readers platforms share.
@@ -27,8 +28,9 @@ names every module and only modules that exist):
 - ``preflight``: bounded waits for host names and files the cluster publishes late.
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
 - ``streams``: standard streams that are always there, and writes that never fail.
+- ``logspace``: the worker logs' disk use under ``$TMPDIR`` kept bounded while torchrun runs; a full disk named.
 - ``proctree``: finding and ending the processes the launcher started (the watchdog).
-- ``jobwatch``: the launchers of one job watch each other; a failed or silent host stops the job.
+- ``jobwatch``: the launchers of one job watch each other; a failed or lost host stops the job.
 - ``outcome``: how torchrun ended, as the supervisor hands it on.
 - ``codes``: the classes of a run's outcome and their exit codes.
 - ``failure``: the root cause, the true exit code and the report for the platform.
@@ -40,6 +42,7 @@ names every module and only modules that exist):
   - ``simulate/netns``: each host its own network namespace (``--network netns``).
   - ``simulate/become``: how a host's first process takes the host's name and files (the one place).
   - ``simulate/slurm_lab``: a real SLURM cluster on this machine (the tests' and ``tools/slurm_lab.py``'s).
+  - ``simulate/faults``: the transient faults' deeds (stopped processes, a CPU quota, busy loops).
   - ``simulate/hosts/``: the registry of host builders (``BUILDERS``).
   - ``simulate/hosts/base``: what every builder shares (``HostSpec``, the job environment, the workdir).
   - ``simulate/hosts/kubernetes``: what Kubernetes gives every container (both Kubeflow builders).

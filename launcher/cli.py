@@ -29,7 +29,16 @@ from typing import NamedTuple, Optional
 
 from launcher import platforms, streams
 from launcher.cluster import Cluster
-from launcher.command import Launch, address_of, build_launch, cluster_for, master_port, watch_port
+from launcher.command import (
+    Launch,
+    address_of,
+    build_launch,
+    cluster_for,
+    job_identity,
+    master_port,
+    watch_ports,
+    watch_secret,
+)
 from launcher.errors import ConfigError, shown
 from launcher.options import Invocation, Options, help_text, parse_invocation
 from launcher.platforms.base import Attempt, HostView, look_once
@@ -110,6 +119,9 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
                           environ, run_dir, choice.platform.fabric_env(cluster, host))
     launch = launch._replace(env_changes={**launch.env_changes, JOB_MARKER: token})
+    if cluster.nnodes > 1 and not options.no_job_watch:  # the watch's settings are checked before anything starts
+        watch_ports(cluster, options, "0")
+        watch_secret(options, environ)
     grace = invocation.options.grace_period or choice.platform.grace_period
     return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes)
 
@@ -119,7 +131,13 @@ def _block(label: str, items: Sequence[str]) -> list[str]:
 
 
 def make_run_dir(path: str) -> None:
-    """Create the run directory, private (0700) and new: an existing one is never reused."""
+    """Create the run directory, private (0700) and new: an existing one is never reused. A full disk
+    (less than :data:`launcher.logspace.FREE_MIN` free) is refused: torchrun could not write there."""
+    from launcher.logspace import disk_full_note
+
+    full = disk_full_note(os.path.dirname(path))
+    if full:
+        raise ConfigError(full[:300])
     try:
         os.mkdir(path, 0o700)
     except OSError as exc:
@@ -131,9 +149,12 @@ def _watch_line(p: Plan) -> str:
     options = p.invocation.options
     if options.no_job_watch:
         return "off (--no-job-watch): a failed or lost host does not stop the others"
-    port = watch_port(p.cluster, options)
-    where = f"listens on port {port}" if p.cluster.node_rank == 0 else f"connects to {p.cluster.master_addr}:{port}"
-    return f"this host {where}; a host that fails or is silent for {options.heartbeat_timeout:g} s stops every host"
+    c = p.cluster
+    ports = "/".join(map(str, watch_ports(c, options, job_identity(c.job_name or "", c.master_addr or "",
+                                                                  master_port(c, options), c.nnodes))))
+    where = f"listens on port {ports}" if c.node_rank == 0 else f"connects to {c.master_addr}:{ports}"
+    return (f"this host {where} (the first free); a host that fails, or is silent for {options.loss_timeout:g} s, "
+            "stops every host")
 
 
 def describe(p: Plan, as_json: bool) -> str:
@@ -158,7 +179,14 @@ def describe(p: Plan, as_json: bool) -> str:
              f"stop:      grace period {p.grace_period:g} s after SIGTERM/SIGINT/SIGHUP",
              *_block("watch", [_watch_line(p)] if c.nnodes > 1 else []),
              *[f"note:      {n}" for n in p.notes]]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
+
+
+def printable(line: str) -> str:
+    """``line`` with control characters escaped (``\\n``, ``\\x1b``): a value cannot forge a line of output."""
+    if line.isprintable():
+        return line
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in line)
 
 
 def run(p: Plan, environ: Mapping[str, str]) -> int:
@@ -168,6 +196,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
     after it killed the job if the launcher itself is killed.
     """
     from launcher import failure, proctree  # not needed by --dry-run: imported here to keep start-up short
+    from launcher.logspace import disk_full_note
     from launcher.supervise import supervise
 
     c = p.cluster
@@ -185,7 +214,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
             return 2
     log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
         f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
-    watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
+    watchdog = proctree.Watchdog(log)  # forked before any pipe exists: it holds none of them
     watch = None
     try:
         watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
@@ -194,7 +223,7 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
         if c.nnodes > 1 and not options.no_job_watch:
             from launcher import jobwatch  # several nodes only
 
-            watch = jobwatch.for_cluster(c, options, log)
+            watch = jobwatch.for_cluster(c, options, log, watch_secret(options, environ))
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
         rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 else None
         outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch,
@@ -212,6 +241,10 @@ def run(p: Plan, environ: Mapping[str, str]) -> int:
                 master = address_of(c.master_addr or "", options.resolve)
                 rendezvous += ": " + no_rendezvous_reason(master, master_port(c, options), c.node_rank)
             report = failure.compose_report(c, outcome, cause, code, rendezvous, limit)
+            full = disk_full_note(p.launch.run_dir)  # the true cause of a failure nothing else explains
+            if full:
+                head, _, rest = report.partition("\n")
+                report = "\n".join(line for line in (head, full, rest) if line)[:limit]
         if watch is not None:  # the job's root cause first, its exit code, wherever it happened
             from launcher.jobwatch import conclude
 
@@ -256,7 +289,7 @@ def _main(args: list[str]) -> int:
 
         return bundle_main(args[1:])
     if args and args[0] in ("-h", "--help"):
-        print(help_text(__doc__, platforms.help_rows(), platforms.argv_help()))
+        streams.write(sys.stdout, help_text(__doc__, platforms.help_rows(), platforms.argv_help()) + "\n")
         return 0
     environ = dict(os.environ)
     try:
@@ -267,6 +300,6 @@ def _main(args: list[str]) -> int:
         streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
         return 2
     if p.invocation.options.dry_run:
-        print(describe(p, p.invocation.options.json))
+        streams.write(sys.stdout, describe(p, p.invocation.options.json) + "\n")
         return 0
     return run(p, environ)

@@ -11,18 +11,23 @@ changes what torchrun does behind the dry run's back.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from launcher.cluster import Cluster
+from launcher.cluster import Cluster, bad_host
+from launcher.errors import ConfigError, shown
+from launcher.filereader import read_bounded
 from launcher.options import Options
 from launcher.platforms.base import HostView, Platform
 
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
 INHERITED_PREFIXES = ("PET_", "TORCHELASTIC_")
+WATCH_BASE, WATCH_SPAN, WATCH_STRIDE, WATCH_CANDIDATES = 61000, 4500, 1129, 4  # the job watch's ports
+SECRET_VARIABLE = "LAUNCHER_JOB_SECRET"  # the job watch's shared secret (see watch_secret)
 
 
 class Launch(NamedTuple):
@@ -47,9 +52,17 @@ def cluster_for(platform: Platform, environ: Mapping[str, str], host: HostView, 
     """The cluster this launch uses: the platform's reading, then the options that override it.
 
     The one place where options and platform facts meet: ``--nproc-per-node`` replaces the
-    platform's process count (the evidence keeps what the platform said).
+    platform's process count (the evidence keeps what the platform said). Every host name the
+    platform read must be a host name or an IP address (:func:`launcher.cluster.is_host_name`).
     """
     cluster = platform.resolve(environ, host)
+    bad = bad_host(cluster)
+    if bad is not None:  # a platform's own check names its variable; this one holds for every platform
+        role, name = bad
+        holders = sorted(environ, key=lambda k: environ[k] != name)  # the variable holding exactly it first
+        source = next((k for k in holders if name in environ[k]), None)
+        where = source or (f"{platform.name}: {shown(cluster.evidence[0], 120)}" if cluster.evidence else platform.name)
+        raise ConfigError(f"{where}: the {role} {shown(name)} is not a host name or IP address")
     nproc = options.nproc_per_node
     if nproc is None:
         return cluster
@@ -77,10 +90,39 @@ def master_port(cluster: Cluster, options: Options) -> int:
     return options.master_port or cluster.master_port or DEFAULT_MASTER_PORT
 
 
-def watch_port(cluster: Cluster, options: Options) -> int:
-    """The job watch's port (:mod:`launcher.jobwatch`): the option, else the rendezvous port + 1."""
-    port = master_port(cluster, options)
-    return options.watch_port or (port + 1 if port < 65535 else port - 1)
+def job_identity(job_name: str, master: str, port: int, nnodes: int) -> str:
+    """The job's identity for the job watch, from what every host of it knows (the platform's job name,
+    the rendezvous endpoint, the node count): 16 hex digits."""
+    return hashlib.sha256(f"{job_name}\n{master}:{port}\n{nnodes}".encode()).hexdigest()[:16]
+
+
+def watch_ports(cluster: Cluster, options: Options, job: str) -> tuple[int, ...]:
+    """The job watch's candidate ports (:mod:`launcher.jobwatch`), in order: ``--watch-port``, else
+    :data:`WATCH_CANDIDATES` ports in 61000-65499 derived from the job's identity ``job`` (hex): above
+    Linux's ephemeral ports and far from every platform's rendezvous ports, never a neighbour's.
+
+    Raises :class:`ConfigError` when ``--watch-port`` is the rendezvous port.
+    """
+    if options.watch_port is not None:
+        if options.watch_port == master_port(cluster, options):
+            raise ConfigError(f"--watch-port {options.watch_port} is the rendezvous port (--master-port): "
+                              "the job watch would take torchrun's port; choose another")
+        return (options.watch_port,)
+    start = int(job, 16)
+    return tuple(WATCH_BASE + (start + k * WATCH_STRIDE) % WATCH_SPAN for k in range(WATCH_CANDIDATES))
+
+
+def watch_secret(options: Options, environ: Mapping[str, str]) -> Optional[bytes]:
+    """The job watch's shared secret: ``--job-secret-file``'s content, else ``LAUNCHER_JOB_SECRET``,
+    else None. Raises :class:`ConfigError` for a file that cannot be read or is empty."""
+    path = options.job_secret_file
+    if path:
+        secret = (read_bounded(path, 65536, "--job-secret-file") or b"").strip()  # a FIFO never blocks
+        if not secret:
+            raise ConfigError(f"--job-secret-file {shown(path)} is empty")
+        return secret
+    text = environ.get(SECRET_VARIABLE, "")
+    return text.encode() if text else None
 
 
 def build_launch(cluster: Cluster, options: Options, script: str, script_args: Sequence[str],

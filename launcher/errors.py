@@ -1,5 +1,9 @@
-"""The one exception the launcher raises for bad input, and how a bad value is quoted in it."""
+"""The one exception the launcher raises for bad input, how a bad value is quoted in it, and how a
+number is read from text with a bound (no input reaches Python's integer-digit limit)."""
 
+from typing import Optional
+
+MAX_DIGITS = 18  # no count, rank, port or job number has more digits; more is garbage, not a number
 MAX_SHOWN = 200  # characters of a bad value an error message quotes (a 10,000-host list is not shown whole)
 
 
@@ -17,3 +21,12 @@ def shown(value: object, limit: int = MAX_SHOWN) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def digits_value(text: str, max_digits: int = MAX_DIGITS) -> Optional[int]:
+    """``text`` (surrounding blanks ignored) as a whole number if it is 1 to ``max_digits`` ASCII digits;
+    None for anything else, a 5000-digit number included."""
+    text = text.strip()
+    if not text or len(text) > max_digits or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)

@@ -21,12 +21,15 @@ import json
 import os
 import re
 import signal
+import stat
 import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Optional
 
 from launcher.cluster import Cluster
 from launcher.command import Launch
+from launcher.errors import ConfigError
+from launcher.filereader import read_bounded
 from launcher.outcome import Outcome
 
 REPORT_LIMIT = 1024  # SageMaker shows the first 1024 characters of output/failure
@@ -112,15 +115,11 @@ def pick_root_cause(entries: Sequence[dict[str, str]]) -> dict[str, str]:
 
 
 def _read_bounded(path: str, limit: int) -> Optional[bytes]:
-    """The file's bytes if it is a regular file of at most ``limit`` bytes."""
+    """The file's bytes if it is a regular file of at most ``limit`` bytes (never blocks)."""
     try:
-        with open(path, "rb") as fh:
-            if os.fstat(fh.fileno()).st_size > limit:
-                return None
-            data = fh.read(limit + 1)
-    except OSError:
+        return read_bounded(path, limit, "")
+    except ConfigError:
         return None
-    return data if len(data) <= limit else None
 
 
 def read_error_file(path: Optional[str]) -> Optional[dict[str, Any]]:
@@ -149,12 +148,19 @@ def read_error_file(path: Optional[str]) -> Optional[dict[str, Any]]:
 def read_log_tail(path: str, size: int = LOG_TAIL_BYTES) -> str:
     """The last ``size`` bytes of a log, from its first whole line, lines cut to :data:`LOG_LINE_CHARS`."""
     try:
-        with open(path, "rb") as fh:
-            start = max(0, os.fstat(fh.fileno()).st_size - size)
-            fh.seek(start)
-            data = fh.read(size)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO there must not block
     except OSError:
         return ""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        start = max(0, info.st_size - size)
+        data = os.pread(fd, size, start)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     if start > 0:
         data = data[data.find(b"\n") + 1:] if b"\n" in data else data
     lines = data.decode("utf-8", "replace").splitlines()

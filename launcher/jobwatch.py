@@ -1,12 +1,26 @@
-"""The launchers of one job watch each other: a failed or silent host stops the job everywhere.
+"""The launchers of one job watch each other: a failed or lost host stops the job everywhere.
 
-Node 0's launcher runs a hub on the watch port (default: the rendezvous port + 1), bound on every
-interface; every other launcher connects to the master address on that port, retrying while its job
-runs (at most the rendezvous timeout). They exchange newline-delimited JSON objects, each line at most
-:data:`MAX_LINE` bytes:
+Roles. Node 0's launcher runs a hub, bound on every interface; every other launcher connects to the
+master address, retrying while its job runs (at most the rendezvous timeout), and reconnects with the
+same identity when its connection breaks without a definite end. A failure or loss anywhere is
+relayed by the hub to every host.
 
-- ``hello`` {node, host, nnodes}: a client's first line; the hub answers with its own ``hello``, then
-  every event it has relayed so far (a late joiner learns what happened before it came);
+Ports. By default the watch listens on the first free port of a short list derived from the job's
+identity, in 61000-65499: above Linux's ephemeral ports (32768-60999) and far from every rendezvous
+port rule (SLURM/PBS 20000-29999, torchrun's 29500 and the ``MASTER_PORT=29501`` habit), so it is never
+the rendezvous port of a neighbouring job. Clients try the same list in order and accept only a hub
+that answers with this job's identity: every host reaches the same hub, or none (then every host logs
+that it runs without the watch, and a failure report says so). ``--watch-port`` gives one port.
+
+Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` bytes.
+
+- ``watch`` {nonce}: the hub's first line on every connection (a fresh random nonce);
+- ``hello`` {job, node, host, nnodes, nonce}: a client's first line; ``job`` is the job's identity
+  (:func:`launcher.command.job_identity`: the platform's job name, the rendezvous endpoint and the node count, which
+  every host knows). The hub answers a hello of this job with its own ``hello``, then every event it
+  has relayed so far; a hello of another job gets ``refused`` and the connection is closed (logged
+  once; neither job is affected). The newest accepted hello of a node replaces its older connection
+  (which is told ``replaced``): a reconnection, no loss;
 - ``hb``: a heartbeat, every second both ways;
 - ``failed`` {node, host, code, report, primary}: that host's workers failed; ``report`` is the first
   lines of its failure report, ``primary`` False when its failure looks caused by another host (a
@@ -14,10 +28,25 @@ runs (at most the rendezvous timeout). They exchange newline-delimited JSON obje
 - ``done`` {node, host}: that host's workers all succeeded (it may leave);
 - ``lost`` {node, host, why}: the hub lost that host (also sent to the lost host, best effort).
 
-The hub relays every ``failed`` and every loss to all the others. A peer is lost when its connection
-closes before it said ``done`` or ``failed``, when nothing came from it for the heartbeat timeout, or
-when it sends garbage (not a JSON object, a line over :data:`MAX_LINE`). Before the handshake nothing
-is a loss: a watch port held by another program or a hub that never answers only means no watch.
+Authentication (optional): with a shared secret (``LAUNCHER_JOB_SECRET``, or ``--job-secret-file``),
+every line after ``watch`` is ``<hex HMAC-SHA256> <json>``, the tag over the job's identity, both
+nonces of the connection, the sender's role and the message, which carries a number that must grow:
+a message from another job, another connection or a replay has no valid tag. A message without a
+valid tag is dropped and logged once; it never stops the job. Without a secret, anyone who can reach
+the port and knows the job's identity can stop the job, the same exposure as torchrun's TCPStore.
+
+Failure detector. A definite end is a loss at once: a handshaken connection closed or reset without
+``done`` or ``failed``. Silence only makes a host suspect (logged once, after :data:`SUSPECT_AFTER`
+s); hearing it again clears it (logged); a host silent for the loss timeout (default
+:data:`LOSS_TIMEOUT` s) is lost. The default survives a 10 s link outage plus TCP's retransmission
+backoff, a 10 s SIGSTOP of a launcher, a 5 s VM pause and 10 s of CPU starvation, and stays below
+Kubernetes' 40 s node-lost time; torch's c10d counts 15 s, which TCP backoff after a 10 s outage
+exceeds. A launcher that finds itself paused or starved (a turn of its loop took over
+:data:`PAUSED` s) restarts every silence clock: its own pause is no evidence against the others.
+Junk never stops a job and never grows memory: a connection without a hello in
+:data:`HANDSHAKE_TIMEOUT` s is closed, at most ``MAX_PENDING + nnodes`` such connections are held (the
+oldest is dropped for a newer one), lines and send buffers are bounded, and a bad message from a
+handshaken peer is dropped.
 
 Any failure or loss elsewhere stops this host's workers at once (the stop path of
 :mod:`launcher.supervise` with a grace period of at most :data:`REMOTE_GRACE` s: once a peer is gone
@@ -27,11 +56,15 @@ every host's report starts with and whose exit code every host exits with, is th
 is not a consequence of another (``primary``), else the first loss or failure seen. A lost host counts
 as killed by SIGKILL (exit code 137): from outside, power loss, a preempted VM and a dead network look
 the same, and 137 is what platforms' retry policies already treat as "the machine went away".
+After its own workers succeeded the hub relays for the others at most the loss timeout more.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -39,9 +72,10 @@ import selectors
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Union
 
-from launcher.command import address_of, watch_port
+from launcher.command import address_of, job_identity, master_port, watch_ports
 
 if TYPE_CHECKING:
     from launcher.cluster import Cluster
@@ -53,8 +87,16 @@ MAX_LINE = 4096  # bytes of one message: a report head is at most ~600 character
 REPORT_LINES, REPORT_CHARS = 2, 600  # what a ``failed`` message carries of a host's report
 REMOTE_GRACE = 1.0  # the grace period of a stop caused by another host (at most the configured one)
 LOST_CODE = 137  # a lost host: as if SIGKILLed (see the module's docstring)
+LOSS_TIMEOUT = 30.0  # default: a host silent this long is lost (see the module's docstring)
+HEARTBEAT = 1.0  # seconds between heartbeats (a third of the loss timeout when that is below 3 s)
+SUSPECT_AFTER = 3.0  # silence that makes a host suspect (half the loss timeout when that is below 6 s)
 HANDSHAKE_TIMEOUT = 10.0  # a connection that says no hello in this time is not a launcher
+ATTEMPT_TIMEOUT = 3.0  # a connection attempt not answered with ``watch`` in this time is abandoned
+PAUSED = 1.5  # a loop turn longer than this: this process was paused or starved
 RETRY = 0.5  # between a client's connection attempts
+MAX_PENDING = 64  # connections without a hello held at once, besides one per node
+MAX_OUT = 1 << 20  # bytes queued for a peer that does not read: beyond this its connection is closed
+LEAVE_WAIT = 2.0  # how long a client's last message may take to leave
 REPORT_LIMIT = 1024
 # A worker's failure that is the consequence of another host's: its peer vanished from a collective
 # (gloo, NCCL), or the rendezvous store broke.
@@ -72,8 +114,12 @@ class Event(NamedTuple):
     node: int
     host: str
     code: int
-    report: str  # the first lines of its report; for a loss "algo-2 lost: no heartbeat for 3 s"
+    report: str  # the first lines of its report; for a loss "algo-2 lost: no heartbeat for 30 s"
     primary: bool
+
+
+class _Junk(Exception):
+    """A line that is not a valid message of this job (its text says why)."""
 
 
 def is_secondary(exception: str, rank: Optional[int]) -> bool:
@@ -92,56 +138,67 @@ def job_report(cause: Event, here: str) -> str:
     return f"{cause.report}\nthen {here}"[:REPORT_LIMIT]
 
 
-def _encode(message: dict) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
-
-
-class _Peer:
-    """One connection: its read buffer, who it said it is, when it was last heard."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = b""
-        self.node: Optional[int] = None
-        self.host = ""
-        self.heard = time.monotonic()
-        self.ended = False  # said done or failed: its closing is no loss
-
-    def lines(self, data: bytes) -> list[dict]:
-        """The messages completed by ``data``. Raises ValueError on garbage."""
-        self.buffer += data
-        *complete, self.buffer = self.buffer.split(b"\n")
-        if len(self.buffer) > MAX_LINE or any(len(line) > MAX_LINE for line in complete):
-            raise ValueError("a message over the size limit")
-        messages = [json.loads(line) for line in complete if line.strip()]
-        if not all(isinstance(m, dict) and isinstance(m.get("t"), str) for m in messages):
-            raise ValueError("not a message")
-        if messages:
-            self.heard = time.monotonic()
-        return messages
-
-
 def _text(value: object, limit: int = REPORT_CHARS) -> str:
     return str(value)[:limit]
 
 
-class Watch:
-    """What hub and client share: the loop thread, events, the stop hook. Use :func:`start`."""
+def _nonce() -> str:
+    return os.urandom(12).hex()
 
-    def __init__(self, node: int, host: str, nnodes: int, timeout: float, log: Callable[[str], None]) -> None:
+
+class _Conn:
+    """One connection: its buffers, who is at the other end, its nonces and message numbers."""
+
+    def __init__(self, sock: socket.socket, now: float, addr: str = "", port: int = 0) -> None:
+        self.sock, self.addr, self.port = sock, addr, port
+        self.inbuf = b""
+        self.out = bytearray()
+        self.opened = now
+        self.node: Optional[int] = None  # the peer's node, once handshaken
+        self.host = ""
+        self.hub_nonce = ""
+        self.client_nonce = ""
+        self.sent = self.received = 0  # message numbers (tagged messages)
+        self.connecting = False  # a client's non-blocking connect in progress
+        self.hello_sent = False
+        self.ended = False  # the peer said done or failed: its closing or silence is no loss
+        self.complained = False  # a dropped message of this peer was logged
+        self.mask = selectors.EVENT_READ
+
+
+class Watch:
+    """What hub and client share: the loop thread, framing, events, the stop hook. Use :func:`start`."""
+
+    role = ""
+
+    def __init__(self, node: int, host: str, nnodes: int, timeout: float, log: Callable[[str], None],
+                 job: str = "", secret: Optional[bytes] = None) -> None:
         self.node, self.host, self.nnodes, self.timeout, self.log = node, host, nnodes, timeout, log
-        self.interval = min(1.0, timeout / 3)
+        self.job, self.secret = job, secret
+        self.interval = min(HEARTBEAT, timeout / 3)
+        self.suspect_after = min(SUSPECT_AFTER, timeout / 2)
         self.events: list[Event] = []
         self.cond = threading.Condition()
         self.selector = selectors.DefaultSelector()
-        self.peers: dict[socket.socket, _Peer] = {}
+        self.conns: dict[socket.socket, _Conn] = {}
         self.closing = False
         self.stopped_job = False  # this watch asked supervise to stop the workers
+        self.off = ""  # why this host runs without the watch (a client that never found its hub)
         self._request: Optional[StopRequest] = None
         self._sent = 0.0
+        self._said: set[str] = set()
+        self._wake_r, self._wake_w = socket.socketpair()  # the main thread wakes the loop with a byte
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self.thread = threading.Thread(target=self._loop, name="job-watch", daemon=True)
 
     # -- the main thread's side --
+    def wake(self) -> None:
+        """Make the loop take a turn now (it reads what the main thread left for it)."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
     def attach(self, request: Optional[StopRequest]) -> None:
         """Called by supervise with its stop hook (None when it returns); stops at once if a cause is known."""
         with self.cond:
@@ -165,22 +222,24 @@ class Watch:
 
     def connected(self) -> bool:
         """True while a handshaken peer is connected."""
-        return any(p.node is not None for p in list(self.peers.values()))
+        return any(c.node is not None for c in list(self.conns.values()))
 
     def finish(self, code: int, report: str, primary: bool) -> tuple[int, str]:
         """Tell the others how this host ended; the job's exit code and this host's report.
 
         ``report`` is this host's own (empty on success), ``primary`` False when its failure looks
-        caused by another host: then the watch waits (at most the heartbeat timeout + 1 s) for that cause.
+        caused by another host: then the watch waits (at most the loss timeout + 1 s) for that cause.
         """
         if code != 0 and not primary:
             self.wait_for_cause(self.timeout + 1.0)
         cause = self.cause()
-        mine = Event("failed", self.node, self.host, code, report_head(report), primary)
         if code == 0:
             self._leave({"t": "done", "node": self.node, "host": self.host}, code)
             return 0, ""
+        mine = Event("failed", self.node, self.host, code, report_head(report), primary)
         self._leave({"t": "failed", **mine._asdict()}, code)
+        if self.off:
+            report = f"{report}\n(job watch off on this host: {self.off})"[:REPORT_LIMIT]
         if cause is None or (primary and not cause.primary):
             return code, report
         return cause.code, job_report(cause, report)
@@ -189,13 +248,22 @@ class Watch:
         """End the loop thread and close every socket."""
         with self.cond:
             self.closing = True
+        self.wake()
         if self.thread.is_alive():
             self.thread.join(timeout=5)
-        for sock in list(self.peers):
+        for sock in list(self.conns):
             sock.close()
+        self.conns.clear()
         self.selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     # -- the loop thread --
+    def _once(self, key: str, line: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self.log(line)
+
     def _stop(self) -> None:
         cause = self.cause()
         with self.cond:
@@ -215,40 +283,124 @@ class Watch:
         self.log(f"job watch: {event.report.splitlines()[0]}")
         self._stop()
 
-    def _send(self, peer: _Peer, message: dict) -> bool:
+    def _context(self, conn: _Conn, role: str) -> bytes:
+        return f"{self.job}\n{conn.hub_nonce}\n{conn.client_nonce}\n{role}\n".encode()
+
+    def _tag(self, conn: _Conn, role: str, body: bytes) -> str:
+        assert self.secret is not None
+        return hmac.new(self.secret, self._context(conn, role) + body, hashlib.sha256).hexdigest()
+
+    def _send(self, conn: _Conn, message: dict, tagged: bool = True) -> None:
+        """Queue a message (tagged when a secret is set) and write what the socket takes now."""
+        if self.secret is not None and tagged:
+            conn.sent += 1
+            body = json.dumps({**message, "n": conn.sent}, separators=(",", ":")).encode()
+            line = self._tag(conn, self.role, body).encode() + b" " + body + b"\n"
+        else:
+            line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        conn.out += line
+        if len(conn.out) > MAX_OUT:
+            self._drop(conn)  # it has not read for a very long time: its silence decides
+            return
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        if conn.connecting or conn.sock not in self.conns:
+            return
         try:
-            peer.sock.send(_encode(message))
-            return True
-        except BlockingIOError:
-            return True  # a peer that does not read: its heartbeat timeout decides
+            while conn.out:
+                sent = conn.sock.send(conn.out)
+                del conn.out[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
         except OSError:
-            return False
+            conn.out.clear()  # the read side sees the end
+        self._want(conn, selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0))
 
-    def _drop(self, peer: _Peer) -> None:
-        self.peers.pop(peer.sock, None)
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(peer.sock)
-        peer.sock.close()
+    def _want(self, conn: _Conn, mask: int) -> None:
+        if mask != conn.mask and conn.sock in self.conns:
+            conn.mask = mask
+            self.selector.modify(conn.sock, mask, conn)
 
-    def _read(self, peer: _Peer) -> None:
+    def _register(self, conn: _Conn) -> None:
+        self.conns[conn.sock] = conn
+        self.selector.register(conn.sock, conn.mask, conn)
+
+    def _drop(self, conn: _Conn) -> None:
+        self.conns.pop(conn.sock, None)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.selector.unregister(conn.sock)
+        conn.sock.close()
+
+    def _parse(self, conn: _Conn, line: bytes, sender: str) -> dict:
+        """One line as a message; raises _Junk. With a secret, the tag and the number are checked."""
+        tagged = self.secret is not None and not (sender == "hub" and not conn.hub_nonce)
+        tag, body = line.split(b" ", 1) if tagged and b" " in line else (b"", line)
         try:
-            data = peer.sock.recv(65536)
-            messages = peer.lines(data) if data else []
-        except BlockingIOError:
+            message = json.loads(body)
+        except (ValueError, RecursionError):
+            raise _Junk("garbage") from None
+        if not isinstance(message, dict) or not isinstance(message.get("t"), str):
+            raise _Junk("garbage")
+        if not tagged:
+            return message
+        if sender == "client" and conn.node is None and message.get("job") != self.job:
+            return message  # another job's hello (its tag is no concern of ours): refused as such
+        if sender == "client" and conn.node is None:  # a hello: its nonce is part of what it signs
+            conn.client_nonce = _text(message.get("nonce", ""), 64)
+        if not hmac.compare_digest(tag, self._tag(conn, sender, body).encode()):
+            raise _Junk("no valid tag")
+        number = message.get("n")
+        if not isinstance(number, int) or number <= conn.received:
+            raise _Junk("a replayed message")
+        conn.received = number
+        return message
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
             return
-        except (OSError, ValueError, RecursionError) as exc:
-            self._gone(peer, "connection closed" if isinstance(exc, OSError) else "sent garbage")
+        except OSError as exc:
+            self._closed(conn, f"connection {'reset' if exc.errno == errno.ECONNRESET else 'closed'}")
             return
-        for message in messages:
-            try:
-                self._on_message(peer, message)
-            except (KeyError, TypeError, ValueError, ArithmeticError):
-                self._gone(peer, "sent garbage")
-                return
         if not data:
-            self._gone(peer, "connection closed")
+            self._closed(conn, "connection closed")
+            return
+        conn.inbuf += data
+        *complete, conn.inbuf = conn.inbuf.split(b"\n")
+        if len(conn.inbuf) > MAX_LINE:
+            self._junk(conn, "a line over the size limit", fatal=True)
+            return
+        sender = "client" if self.role == "hub" else "hub"
+        for line in complete:
+            if conn.sock not in self.conns:
+                return
+            if not line.strip():
+                continue
+            try:
+                if len(line) > MAX_LINE:
+                    raise _Junk("a line over the size limit")
+                message = self._parse(conn, line, sender)
+                self._on_message(conn, message)
+            except _Junk as exc:
+                self._junk(conn, str(exc), fatal=conn.node is None)
+            except (KeyError, TypeError, ValueError, ArithmeticError):
+                self._junk(conn, "a malformed message", fatal=conn.node is None)
+
+    def _junk(self, conn: _Conn, why: str, fatal: bool) -> None:
+        """A bad line: before the handshake the connection is refused; after it the line is dropped."""
+        if conn.node is None:
+            self._refused(conn, why)
+            return
+        if not conn.complained:
+            conn.complained = True
+            self.log(f"job watch: dropped a message from {conn.host} ({why}); the job goes on")
+        if fatal:
+            self._drop(conn)
 
     def _loop(self) -> None:
+        last = time.monotonic()
         while True:
             with self.cond:
                 if self.closing:
@@ -256,30 +408,53 @@ class Watch:
             # Taken before reading: a process paused between a read and this check (SIGSTOP) reads
             # what came meanwhile before it can judge anyone silent.
             now = time.monotonic()
-            for key, _mask in self.selector.select(timeout=0.1):
+            try:
+                ready = self.selector.select(timeout=0.1)
+            except (OSError, ValueError):
+                ready = []
+            for key, mask in ready:
+                if key.data == "wake":
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(4096)
+                    continue
                 if key.data is None:
-                    self._accept(key.fileobj)
-                else:
-                    self._read(key.data)
-            for peer in list(self.peers.values()):
-                if peer.node is None and now - peer.heard > HANDSHAKE_TIMEOUT:
-                    self._gone(peer, "no hello")
-                elif peer.node is not None and not peer.ended and now - peer.heard > self.timeout:
-                    self._gone(peer, f"no heartbeat for {self.timeout:g} s")
+                    self._accept()
+                    continue
+                conn = key.data
+                if mask & selectors.EVENT_WRITE:
+                    self._writable(conn)
+                if mask & selectors.EVENT_READ and conn.sock in self.conns and not conn.connecting:
+                    self._read(conn)
+            if now - last > PAUSED:  # this process was paused or starved: no evidence against anyone
+                self._credit(now)
+            last = now
+            self._judge(now)
             if now - self._sent >= self.interval:
                 self._sent = now
-                for peer in list(self.peers.values()):
-                    if peer.node is not None:
-                        self._send(peer, {"t": "hb"})
+                for conn in list(self.conns.values()):
+                    if conn.node is not None:
+                        self._send(conn, {"t": "hb"})
             self._tick(now)
 
-    def _accept(self, listener: object) -> None:
+    def _writable(self, conn: _Conn) -> None:
+        self._flush(conn)
+
+    def _accept(self) -> None:
         raise NotImplementedError
 
-    def _on_message(self, peer: _Peer, message: dict) -> None:
+    def _on_message(self, conn: _Conn, message: dict) -> None:
         raise NotImplementedError
 
-    def _gone(self, peer: _Peer, why: str) -> None:
+    def _closed(self, conn: _Conn, why: str) -> None:
+        raise NotImplementedError
+
+    def _refused(self, conn: _Conn, why: str) -> None:
+        raise NotImplementedError
+
+    def _credit(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _judge(self, now: float) -> None:
         raise NotImplementedError
 
     def _tick(self, now: float) -> None:
@@ -302,182 +477,488 @@ def _event(message: dict, nnodes: int) -> Event:
                  _text(message["report"]), bool(message["primary"]))
 
 
-class Hub(Watch):
-    """Node 0: accepts the other launchers, relays failures and losses, outlives the job's end."""
-
-    def __init__(self, port: int, *args: object) -> None:
-        if socket.has_dualstack_ipv6():  # every interface: the master address is one of them
-            self.listener = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
-        else:
-            self.listener = socket.create_server(("", port))
-        super().__init__(*args)  # type: ignore[arg-type]
-        self.listener.setblocking(False)
-        self.selector.register(self.listener, selectors.EVENT_READ, None)
-        self.states: dict[int, str] = {}  # node -> running, done, failed, lost
-        self.own: Optional[dict] = None  # this host's failure, to tell the clients
-
-    def close(self) -> None:
-        """End the loop thread, close every socket and stop listening."""
-        super().close()
-        self.listener.close()
-
-    def _accept(self, listener: object) -> None:
-        try:
-            sock, _addr = self.listener.accept()
-        except OSError:
-            return
-        sock.setblocking(False)
-        peer = _Peer(sock)
-        self.peers[sock] = peer
-        self.selector.register(sock, selectors.EVENT_READ, peer)
-
-    def _broadcast(self, message: dict, skip: Optional[_Peer] = None) -> None:
-        for peer in list(self.peers.values()):
-            if peer is not skip and peer.node is not None:
-                self._send(peer, message)
-
-    def _on_message(self, peer: _Peer, message: dict) -> None:
-        kind = message["t"]
-        if peer.node is None:
-            node = int(message["node"])
-            if kind != "hello" or not 0 < node < self.nnodes or node in self.states or \
-                    int(message["nnodes"]) != self.nnodes:
-                raise ValueError("not a hello of this job")
-            peer.node, peer.host = node, _text(message["host"], 100)
-            self.states[node] = "running"
-            self._send(peer, {"t": "hello", "node": 0, "host": self.host, "nnodes": self.nnodes})
-            for event in list(self.events):
-                self._send(peer, _as_message(event))
-        elif kind == "failed":
-            event = _event({**message, "node": peer.node, "host": peer.host}, self.nnodes)
-            peer.ended = True
-            self.states[peer.node] = "failed"
-            self._broadcast(_as_message(event), skip=peer)
-            self._record(event)
-        elif kind == "done":
-            peer.ended = True
-            self.states[peer.node] = "done"
-
-    def _gone(self, peer: _Peer, why: str) -> None:
-        if peer.node is not None and not peer.ended:
-            self.states[peer.node] = "lost"
-            event = Event("lost", peer.node, peer.host, LOST_CODE, f"{peer.host} lost: {why}", False)
-            self._broadcast(_as_message(event))  # the lost one too: it may hear why, if it still can
-            self._record(event)
-        self._drop(peer)
-
-    def _leave(self, message: dict, code: int) -> None:
-        """Tell everyone, then keep relaying until every node that joined is done, failed or lost."""
-        if code != 0:
-            with self.cond:
-                self.own = message  # sent by the loop thread, which owns the sockets
-        deadline = None if code == 0 else time.monotonic() + self.timeout + REMOTE_GRACE + 10
-        while any(s == "running" for s in list(self.states.values())):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-
-    def _tick(self, now: float) -> None:
-        with self.cond:
-            own, self.own = self.own, None
-        if own is not None:
-            self._broadcast(own)
-
-
 def _as_message(event: Event) -> dict:
     if event.kind == "lost":
         return {"t": "lost", "node": event.node, "host": event.host, "why": event.report.split(" lost: ", 1)[-1]}
     return {"t": "failed", **event._asdict()}
 
 
+def _raise_file_limit(need: int) -> None:
+    """Raise the soft limit of open files toward the hard one when it is below ``need``."""
+    try:
+        import resource
+    except ImportError:  # not on this system: the default limit it is
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+class _Node:
+    """What the hub knows of one client node: its state, its current connection, when it was heard."""
+
+    def __init__(self, host: str, now: float) -> None:
+        self.host = host
+        self.state = "running"  # running, done, failed, lost
+        self.conn: Optional[_Conn] = None
+        self.heard = now
+        self.suspect = False
+
+
+class Hub(Watch):
+    """Node 0: accepts the other launchers, relays failures and losses, outlives the job's end."""
+
+    role = "hub"
+
+    def __init__(self, listener: socket.socket, port: int, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.listener, self.port = listener, port
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        self.nodes: dict[int, _Node] = {}
+        self.own: Optional[dict] = None  # this host's end, to tell the clients (and late joiners)
+        self.told = False
+        self.max_pending = MAX_PENDING + self.nnodes
+
+    @property
+    def states(self) -> dict[int, str]:
+        """node -> running, done, failed or lost: every node that joined."""
+        return {node: n.state for node, n in list(self.nodes.items())}
+
+    def close(self) -> None:
+        """End the loop thread, close every socket and stop listening."""
+        super().close()
+        self.listener.close()
+
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                sock, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of file descriptors: the oldest stranger makes room
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._drop_oldest_pending():
+                    continue
+                return
+            pending = [c for c in self.conns.values() if c.node is None]
+            if len(pending) >= self.max_pending:
+                self._once("flood", f"job watch: more than {self.max_pending} connections without a hello; "
+                                    "dropping the oldest (the job goes on)")
+                self._drop_oldest_pending()
+            sock.setblocking(False)
+            conn = _Conn(sock, time.monotonic(), str(addr[0]).removeprefix("::ffff:") if addr else "")
+            conn.hub_nonce = _nonce()
+            self._register(conn)
+            self._send(conn, {"t": "watch", "nonce": conn.hub_nonce}, tagged=False)
+
+    def _drop(self, conn: _Conn) -> None:
+        super()._drop(conn)
+        known = self.nodes.get(conn.node) if conn.node is not None else None
+        if known is not None and known.conn is conn:
+            known.conn = None  # no loss: the node may reconnect before its silence decides
+
+    def _drop_oldest_pending(self) -> bool:
+        pending = [c for c in self.conns.values() if c.node is None]
+        if not pending:
+            return False
+        self._drop(min(pending, key=lambda c: c.opened))
+        return True
+
+    def _broadcast(self, message: dict, skip: Optional[int] = None) -> None:
+        for node, known in list(self.nodes.items()):
+            if node != skip and known.conn is not None:
+                self._send(known.conn, message)
+
+    def _refused(self, conn: _Conn, why: str) -> None:
+        self._once(f"refused {why}", f"job watch: refused a connection from {conn.addr or 'somewhere'} ({why}); "
+                                     "the job is not affected")
+        self._drop(conn)
+
+    def _hello(self, conn: _Conn, message: dict) -> None:
+        if message["t"] != "hello":
+            raise _Junk("no hello")
+        if message.get("job") != self.job:
+            with contextlib.suppress(OSError):
+                conn.sock.send(b'{"t":"refused","why":"another job"}\n')
+            raise _Junk("a launcher of another job")
+        node = int(message["node"])
+        if not 0 < node < self.nnodes or int(message["nnodes"]) != self.nnodes:
+            raise _Junk("not a node of this job")
+        now = time.monotonic()
+        known = self.nodes.get(node)
+        if known is None:
+            known = self.nodes[node] = _Node(_text(message["host"], 100), now)
+        elif known.conn is not None:
+            old = known.conn
+            self._send(old, {"t": "replaced"})
+            self._flush(old)
+            self._drop(old)
+            self.log(f"job watch: {known.host} reconnected")
+        conn.node, conn.host = node, known.host
+        known.conn, known.heard = conn, now
+        self._send(conn, {"t": "hello", "job": self.job, "node": 0, "host": self.host, "nnodes": self.nnodes})
+        for event in list(self.events):
+            if event.node != node or event.kind == "lost":
+                self._send(conn, _as_message(event))
+        with self.cond:
+            own = self.own if self.told else None
+        if own is not None:
+            self._send(conn, own)
+
+    def _on_message(self, conn: _Conn, message: dict) -> None:
+        if conn.node is None:
+            self._hello(conn, message)
+            return
+        known = self.nodes[conn.node]
+        if known.conn is not conn:
+            return
+        self._heard(conn.node, known)
+        kind = message["t"]
+        if kind == "failed" and known.state == "running":
+            event = _event({**message, "node": conn.node, "host": known.host}, self.nnodes)
+            conn.ended, known.state = True, "failed"
+            self._broadcast(_as_message(event), skip=conn.node)
+            self._record(event)
+        elif kind == "done" and known.state == "running":
+            conn.ended, known.state = True, "done"
+
+    def _heard(self, node: int, known: _Node) -> None:
+        now = time.monotonic()
+        if known.suspect:
+            known.suspect = False
+            self.log(f"job watch: {known.host} heard again after {now - known.heard:.1f} s of silence")
+        known.heard = now
+
+    def _lose(self, node: int, known: _Node, why: str) -> None:
+        known.state = "lost"
+        event = Event("lost", node, known.host, LOST_CODE, f"{known.host} lost: {why}", False)
+        self._broadcast(_as_message(event))  # the lost one too: it may hear why, if it still can
+        self._record(event)
+
+    def _closed(self, conn: _Conn, why: str) -> None:
+        known = self.nodes.get(conn.node) if conn.node is not None else None
+        current = known is not None and known.conn is conn
+        self._drop(conn)
+        if current and known is not None and known.state == "running" and not conn.ended:
+            self._lose(conn.node, known, why)  # type: ignore[arg-type]
+
+    def _credit(self, now: float) -> None:
+        for known in self.nodes.values():
+            known.heard = max(known.heard, now)
+
+    def _judge(self, now: float) -> None:
+        for conn in list(self.conns.values()):
+            if conn.node is None and now - conn.opened > HANDSHAKE_TIMEOUT:
+                self._drop(conn)
+        for node, known in list(self.nodes.items()):
+            if known.state != "running":
+                continue
+            silent = now - known.heard
+            if silent > self.timeout:
+                self._lose(node, known, f"no heartbeat for {self.timeout:g} s")
+            elif silent > self.suspect_after and not known.suspect:
+                known.suspect = True
+                self.log(f"job watch: {known.host} silent for {silent:.1f} s: suspect (lost if silent for "
+                         f"{self.timeout:g} s)")
+
+    def _leave(self, message: dict, code: int) -> None:
+        """Tell everyone, then keep relaying until every node that joined is done, failed or lost (bounded)."""
+        with self.cond:
+            self.own = message  # sent by the loop thread, which owns the sockets
+        self.wake()
+        deadline = time.monotonic() + (self.timeout if code == 0 else self.timeout + REMOTE_GRACE + 10)
+        while any(s == "running" for s in self.states.values()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if code == 0 and any(s == "running" for s in self.states.values()):
+            self.log(f"job watch: the workers here succeeded {self.timeout:g} s ago; not waiting longer for "
+                     "the other hosts")
+
+    def _tick(self, now: float) -> None:
+        with self.cond:
+            own, send = self.own, self.own is not None and not self.told
+            self.told = self.told or send
+        if send and own is not None:
+            self._broadcast(own)
+
+
 class Client(Watch):
     """Every other node: connects to the hub, hears its relays, tells it how this host ended."""
 
-    def __init__(self, address: str, port: int, deadline: float, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
-        self.address, self.port, self.deadline = address, port, deadline
-        self.hub: Optional[_Peer] = None
-        self.next_try = 0.0
-        self.complained = False
+    role = "client"
 
-    def _accept(self, listener: object) -> None:  # a client listens on nothing
+    def __init__(self, address: str, ports: Sequence[int], deadline: float, *args: object,
+                 **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.address, self.ports, self.deadline = address, tuple(ports), deadline
+        self.hub: Optional[_Conn] = None  # the handshaken connection
+        self.attempt: Optional[_Conn] = None  # a connection on its way to a handshake
+        self.hub_host = ""
+        self.port_index = 0
+        self.joined = False
+        self.heard = time.monotonic()
+        self.suspect = False
+        self.ended = False  # the hub said done, or this host left
+        self.next_try = 0.0
+        self.final: Optional[dict] = None
+        self.left = False
+        self.began = time.monotonic()
+
+    def connected(self) -> bool:
+        """True while the hub is connected (handshaken)."""
+        return self.hub is not None
+
+    def _accept(self) -> None:  # a client listens on nothing
         raise AssertionError
 
-    def _tick(self, now: float) -> None:
-        if self.hub is not None or self.events or now < self.next_try or now > self.deadline:
-            return
+    # connecting
+    def _try(self, now: float) -> None:
+        port = self.ports[self.port_index % len(self.ports)]
         self.next_try = now + RETRY
         try:
-            sock = socket.create_connection((self.address, self.port), timeout=1.0)
+            family, kind, proto, _name, addr = socket.getaddrinfo(self.address, port, type=socket.SOCK_STREAM)[0]
+            sock = socket.socket(family, kind, proto)
         except OSError:
             return
         sock.setblocking(False)
-        self.hub = _Peer(sock)
-        self.peers[sock] = self.hub
-        self.selector.register(sock, selectors.EVENT_READ, self.hub)
-        self._send(self.hub, {"t": "hello", "node": self.node, "host": self.host, "nnodes": self.nnodes})
+        result = sock.connect_ex(addr)
+        if result not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            sock.close()
+            self._next_port("connection refused" if result == errno.ECONNREFUSED else os.strerror(result))
+            return
+        conn = _Conn(sock, now, self.address, port)
+        conn.connecting, conn.client_nonce = True, _nonce()
+        conn.mask = selectors.EVENT_WRITE
+        self.attempt = conn
+        self._register(conn)
 
-    def _on_message(self, peer: _Peer, message: dict) -> None:
+    def _next_port(self, why: str) -> None:
+        """This port holds no hub of this job (yet): the next candidate, before the handshake."""
+        if self.joined:
+            return
+        port = self.ports[self.port_index % len(self.ports)]
+        if why != "connection refused":
+            then = "trying the next port" if len(self.ports) > 1 else "retrying"
+            self._once(f"not hub {port}", f"job watch: {self.address}:{port} is not this job's hub ({why}); {then}")
+        self.port_index += 1
+
+    def _writable(self, conn: _Conn) -> None:
+        if not conn.connecting:
+            self._flush(conn)
+            return
+        error = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            self._abandon(conn, "connection refused" if error == errno.ECONNREFUSED else os.strerror(error))
+            return
+        conn.connecting = False
+        self._want(conn, selectors.EVENT_READ)
+
+    def _abandon(self, conn: _Conn, why: str) -> None:
+        was_attempt = conn is self.attempt
+        self._drop(conn)
+        if was_attempt:
+            self._next_port(why)
+
+    def _refused(self, conn: _Conn, why: str) -> None:
+        self._abandon(conn, why)
+
+    def _hub_hello(self, conn: _Conn, message: dict) -> None:
         kind = message["t"]
-        if peer.node is None:
-            if kind != "hello" or int(message["node"]) != 0 or int(message["nnodes"]) != self.nnodes:
-                raise ValueError("not this job's hub")
-            peer.node, peer.host = 0, _text(message["host"], 100)
-            self.log(f"job watch: connected to the hub on {peer.host} ({self.address}:{self.port})")
-        elif kind in ("failed", "lost"):
+        if kind == "watch" and not conn.hub_nonce:
+            conn.hub_nonce = _text(message["nonce"], 64)
+            self._send(conn, {"t": "hello", "job": self.job, "node": self.node, "host": self.host,
+                              "nnodes": self.nnodes, "nonce": conn.client_nonce})
+            conn.hello_sent = True
+            return
+        if kind == "refused":
+            raise _Junk(f"it refused: {_text(message.get('why'), 60)}")
+        if kind != "hello" or message.get("job") != self.job or int(message["node"]) != 0 or \
+                int(message["nnodes"]) != self.nnodes:
+            raise _Junk("not this job's hub")
+        conn.node, conn.host = 0, _text(message["host"], 100)
+        old, self.hub, self.attempt = self.hub, conn, None
+        if old is not None and old is not conn:
+            super()._drop(old)
+        self.hub_host = conn.host
+        self._heard_hub()
+        if not self.joined:
+            self.joined = True
+            self.log(f"job watch: connected to the hub on {conn.host} ({self.address}:{conn.port})")
+        else:
+            self.log(f"job watch: reconnected to the hub on {conn.host}")
+
+    def _on_message(self, conn: _Conn, message: dict) -> None:
+        if conn.node is None:
+            self._hub_hello(conn, message)
+            return
+        if conn is not self.hub:
+            return
+        self._heard_hub()
+        kind = message["t"]
+        if kind in ("failed", "lost"):
             event = _event(message, self.nnodes)
             if event.node != self.node or event.kind == "lost":
                 self._record(event)
+        elif kind == "done":
+            self.ended = True
+        elif kind == "replaced":  # a newer connection of this node took over (or someone claims to be it)
+            self._drop(conn)
+            self.next_try = 0.0
 
-    def _gone(self, peer: _Peer, why: str) -> None:
-        if peer.node is None:
-            if not self.complained:
-                self.complained = True
-                self.log(f"job watch: {self.address}:{self.port} is not this job's hub ({why}); retrying")
-            self.next_try = time.monotonic() + 2 * RETRY
-        elif not peer.ended:
-            self._record(Event("lost", 0, peer.host, LOST_CODE, f"{peer.host} lost: {why}", False))
-        self._drop(peer)
-        self.hub = None
+    def _heard_hub(self) -> None:
+        now = time.monotonic()
+        if self.suspect:
+            self.suspect = False
+            self.log(f"job watch: the hub on {self.hub_host} heard again after {now - self.heard:.1f} s of silence")
+        self.heard = now
+
+    def _drop(self, conn: _Conn) -> None:
+        super()._drop(conn)
+        if conn is self.hub:
+            self.hub = None
+        if conn is self.attempt:
+            self.attempt = None
+
+    def _closed(self, conn: _Conn, why: str) -> None:
+        was_attempt, was_hub = conn is self.attempt, conn is self.hub
+        self._drop(conn)
+        if was_attempt:
+            if not conn.hello_sent or not self.joined:
+                self._next_port(why)
+            return
+        if not was_hub:
+            return
+        if self.ended or self.left or self.events:
+            return
+        if self.attempt is not None and self.attempt.hello_sent:
+            return  # the hub may have taken the new connection: it closes the old one
+        self._record(Event("lost", 0, self.hub_host, LOST_CODE, f"{self.hub_host} lost: {why}", False))
+
+    def _credit(self, now: float) -> None:
+        self.heard = max(self.heard, now)
+
+    def _judge(self, now: float) -> None:
+        attempt = self.attempt
+        if attempt is not None and not attempt.hello_sent and now - attempt.opened > ATTEMPT_TIMEOUT:
+            self._abandon(attempt, "no answer")
+        if not self.joined or self.ended or self.final is not None or self.events:
+            return
+        silent = now - self.heard
+        if silent > self.timeout:
+            self.ended = True
+            self._record(Event("lost", 0, self.hub_host, LOST_CODE,
+                               f"{self.hub_host} lost: no heartbeat for {self.timeout:g} s", False))
+        elif silent > self.suspect_after and not self.suspect:
+            self.suspect = True
+            self.log(f"job watch: the hub on {self.hub_host} silent for {silent:.1f} s: suspect (lost if silent "
+                     f"for {self.timeout:g} s); trying a new connection")
+
+    def _tick(self, now: float) -> None:
+        self._say_final()
+        if self.attempt is not None or self.ended or self.events or now < self.next_try:
+            return
+        if self.final is not None and (self.hub is not None or not self.joined):
+            return
+        if not self.joined and now - self.began > HANDSHAKE_TIMEOUT:
+            self._once("no hub yet", f"job watch: no hub of this job on {self.address} port(s) "
+                                     f"{', '.join(map(str, self.ports))} yet; still looking (until the rendezvous "
+                                     "timeout)")
+        if not self.joined and now > self.deadline:
+            if not self.off:
+                self.off = (f"no hub of this job answered on {self.address} port(s) "
+                            f"{', '.join(map(str, self.ports))}")
+                self.log(f"job watch off: {self.off}; this host runs without the watch")
+            return
+        if self.hub is None or self.suspect:
+            self._try(now)
+
+    def _say_final(self) -> None:
+        with self.cond:
+            final = self.final
+        if final is None or self.left:
+            return
+        hub = self.hub
+        if hub is not None and final.get("sent") is None:
+            final["sent"] = True
+            hub.ended = True
+            self._send(hub, {k: v for k, v in final.items() if k != "sent"})
+        if (hub is None and not self.joined) or (hub is not None and not hub.out and final.get("sent")):
+            with self.cond:
+                self.left = True
+                self.cond.notify_all()
 
     def _leave(self, message: dict, code: int) -> None:
-        """Send how this host ended (bounded: 1 s); then the hub may forget it."""
+        """Send how this host ended (bounded: :data:`LEAVE_WAIT` s); then the hub may forget it."""
         with self.cond:
-            self.closing = True
-        self.thread.join(timeout=5)
-        hub = self.hub
-        if hub is None or hub.node is None:
-            return
-        hub.ended = True
-        try:
-            hub.sock.settimeout(1.0)
-            hub.sock.sendall(_encode(message))
-            hub.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+            self.final = dict(message)
+        self.wake()
+        with self.cond:
+            self.cond.wait_for(lambda: self.left or not self.thread.is_alive(), timeout=LEAVE_WAIT)
+            self.left = True
+        if not self.joined and not self.off:
+            self.off = f"it never reached this job's hub on {self.address} port(s) {', '.join(map(str, self.ports))}"
 
 
-def start(node: int, host: str, nnodes: int, master: str, port: int, timeout: float, connect_for: float,
-          log: Callable[[str], None]) -> Optional[Watch]:
-    """Start this host's watch (hub on node 0, else client); None if the hub cannot listen (logged)."""
-    try:
-        watch: Watch = (Hub(port, node, host, nnodes, timeout, log) if node == 0 else
-                        Client(master, port, time.monotonic() + connect_for, node, host, nnodes, timeout, log))
-    except OSError as exc:
-        log(f"job watch off: cannot listen on port {port}: {os.strerror(exc.errno) if exc.errno else exc}")
-        return None
+class Off(Watch):
+    """Node 0 when no candidate port was free: no watch (the clients find no hub either); a failure
+    report says so."""
+
+    def _leave(self, message: dict, code: int) -> None:
+        """Nobody to tell."""
+
+
+def start(node: int, host: str, nnodes: int, master: str, port: Union[int, Sequence[int]], timeout: float,
+          connect_for: float, log: Callable[[str], None], job: str = "",
+          secret: Optional[bytes] = None) -> Watch:
+    """Start this host's watch (hub on node 0, else client); :class:`Off` if the hub cannot listen (logged).
+
+    ``port`` is the watch port, or the candidate ports in order (the hub listens on the first free
+    one, clients look for this job's hub on each); ``job`` the job's identity (:func:`launcher.command.job_identity`),
+    ``secret`` the shared secret that tags every message (None: none).
+    """
+    ports = (port,) if isinstance(port, int) else tuple(port)
+    watch: Watch
     if node == 0:
-        log(f"job watch: hub on port {port}")
+        _raise_file_limit(2 * nnodes + MAX_PENDING + 64)
+        problems = []
+        for candidate in ports:
+            try:
+                listener = _listen(candidate, nnodes + MAX_PENDING)
+            except OSError as exc:
+                problems.append(f"{candidate}: {os.strerror(exc.errno) if exc.errno else exc}")
+                continue
+            watch = Hub(listener, candidate, node, host, nnodes, timeout, log, job=job, secret=secret)
+            taken = f" (taken: {'; '.join(problems)})" if problems else ""
+            log(f"job watch: hub on port {candidate}{taken}")
+            break
+        else:
+            off = Off(node, host, nnodes, timeout, log)
+            off.off = f"the hub could not listen on port {'; '.join(problems)}"
+            log(f"job watch off: {off.off}; the other hosts find no hub and run without the watch too")
+            return off
+    else:
+        watch = Client(master, ports, time.monotonic() + connect_for, node, host, nnodes, timeout, log,
+                       job=job, secret=secret)
     watch.thread.start()
     return watch
 
 
-def for_cluster(cluster: Cluster, options: Options, log: Callable[[str], None]) -> Optional[Watch]:
-    """The watch of this host's launcher (several nodes); None if the hub cannot listen (logged)."""
-    port = watch_port(cluster, options)
+def _listen(port: int, backlog: int) -> socket.socket:
+    backlog = max(128, backlog)
+    if socket.has_dualstack_ipv6():  # every interface: the master address is one of them
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=backlog)
+    return socket.create_server(("", port), backlog=backlog)
+
+
+def for_cluster(cluster: Cluster, options: Options, log: Callable[[str], None],
+                secret: Optional[bytes] = None) -> Watch:
+    """The watch of this host's launcher (several nodes); :class:`Off` if the hub cannot listen (logged)."""
+    job = job_identity(cluster.job_name or "", cluster.master_addr or "", master_port(cluster, options),
+                       cluster.nnodes)
     return start(cluster.node_rank, cluster.current_host, cluster.nnodes,
-                 address_of(cluster.master_addr or "", options.resolve), port, options.heartbeat_timeout,
-                 float(options.rdzv_timeout), log)
+                 address_of(cluster.master_addr or "", options.resolve), watch_ports(cluster, options, job),
+                 options.loss_timeout, float(options.rdzv_timeout), log, job=job, secret=secret)
 
 
 def conclude(watch: Watch, host: str, outcome: Outcome, cause: Optional[RootCause], code: int,

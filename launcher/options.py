@@ -36,7 +36,7 @@ from launcher.platforms.base import ArgvPairs
 ENV_PREFIX = "LAUNCHER_"
 MAX_SECONDS = 86400  # a day: the longest grace period or rendezvous timeout that is not a typo
 MAX_RESTARTS = 100
-MIN_HEARTBEAT_TIMEOUT = 1.5  # heartbeats come every second (every third of the timeout below 3 s)
+MIN_LOSS_TIMEOUT = 1.5  # heartbeats come every second (every third of the timeout below 3 s)
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
@@ -57,9 +57,9 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _heartbeat(text: str) -> float:
+def _loss_timeout(text: str) -> float:
     value = _seconds(text)
-    if value < MIN_HEARTBEAT_TIMEOUT:  # heartbeats come every second: less would lose healthy hosts
+    if value < MIN_LOSS_TIMEOUT:  # heartbeats come every second: less would lose healthy hosts
         raise ValueError
     return value
 
@@ -94,14 +94,21 @@ class Spec(NamedTuple):
     expects: str
     help: str
     metavar: str = ""
+    aliases: tuple[str, ...] = ()  # older names, still accepted on the command line and in the environment
 
     @property
-    def flags(self) -> tuple[str, str]:
-        return "--" + self.name.replace("_", "-"), "--" + self.name
+    def flags(self) -> tuple[str, ...]:
+        return tuple(flag for name in (self.name, *self.aliases)
+                     for flag in ("--" + name.replace("_", "-"), "--" + name))
 
     @property
     def env(self) -> str:
         return ENV_PREFIX + self.name.upper()
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        """The variable, then its aliases' (the first set wins)."""
+        return tuple(ENV_PREFIX + name.upper() for name in (self.name, *self.aliases))
 
     @property
     def is_bool(self) -> bool:
@@ -128,10 +135,15 @@ SPECS: tuple[Spec, ...] = (
          "the platform's, inside its own kill window (see the platforms)",
          metavar="SECONDS"),
     Spec("watch_port", _whole_number(1, 65535), None, "a port 1-65535",
-         "port of the job watch on the first host (the launchers' heartbeats; a failed or silent host "
-         "stops the job everywhere); default the rendezvous port + 1", metavar="PORT"),
-    Spec("heartbeat_timeout", _heartbeat, 3, f"seconds {MIN_HEARTBEAT_TIMEOUT:g}-{MAX_SECONDS}",
-         "the job watch: a host not heard from for this long is lost", metavar="SECONDS"),
+         "port of the job watch on the first host (the launchers' heartbeats; a failed or lost host "
+         "stops the job everywhere); default the first free of 4 ports in 61000-65499 derived from the job",
+         metavar="PORT"),
+    Spec("loss_timeout", _loss_timeout, 30, f"seconds {MIN_LOSS_TIMEOUT:g}-{MAX_SECONDS}",
+         "the job watch: a host not heard from for this long is lost (silence makes it suspect first; "
+         "alias --heartbeat-timeout)", metavar="SECONDS", aliases=("heartbeat_timeout",)),
+    Spec("job_secret_file", str, None, "a path",
+         "a file holding the job's shared secret: the job watch's messages are authenticated (HMAC); "
+         "default the LAUNCHER_JOB_SECRET variable, else none", metavar="PATH"),
     Spec("no_job_watch", parse_bool, False, "true or false", "turn the job watch off"),
     Spec("resolve", parse_resolve, {}, "HOST=ADDR[,HOST=ADDR...]",
          "addresses for host names this machine cannot resolve (simulated hosts; /etc/hosts is never "
@@ -154,7 +166,8 @@ class Options(NamedTuple):
     max_restarts: int
     grace_period: Optional[float]
     watch_port: Optional[int]
-    heartbeat_timeout: float
+    loss_timeout: float
+    job_secret_file: Optional[str]
     no_job_watch: bool
     resolve: dict
     dry_run: bool
@@ -239,8 +252,9 @@ def parse_invocation(argv: Sequence[str], environ: Mapping[str, str]) -> Invocat
     for spec in SPECS:
         if spec.name in given:
             values[spec.name] = given[spec.name]
-        elif environ.get(spec.env, "") != "":
-            values[spec.name] = _convert(spec, environ[spec.env], spec.env)
+        elif any(environ.get(env, "") != "" for env in spec.envs):
+            env = next(env for env in spec.envs if environ.get(env, "") != "")
+            values[spec.name] = _convert(spec, environ[env], env)
         else:
             values[spec.name] = spec.default
     options = Options(**values)

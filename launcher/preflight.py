@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Callable, Optional, TypeVar
 
+from launcher import streams
 from launcher.errors import ConfigError, shown
 
 T = TypeVar("T")
@@ -22,8 +23,7 @@ POLL_EVERY = 0.5  # seconds between attempts
 
 
 def _stderr(message: str) -> None:
-    sys.stderr.write(f"[ddp-launcher] {message}\n")
-    sys.stderr.flush()
+    streams.write(sys.stderr, f"[ddp-launcher] {message}\n")
 
 
 def wait_for(attempt: Callable[[], tuple[Optional[T], str]], what: str, timeout: float,

@@ -1,13 +1,18 @@
-"""Finding and ending the processes the launcher started, by PID or by the job's marker, and nothing else.
+"""Finding and ending the processes the launcher started, by ancestry, by PID or by the job's marker.
 
 torchrun starts every worker in a session of its own, so a process group does not hold the job
 together; the parent links in the process table do. :func:`kill_tree` stops a tree (so nothing in it
 can fork any more), then kills it. A daemon that a worker double-forked leaves the tree when its
-parent dies; it still carries the job's marker variable (``NAME=<pid>-<random hex>``, inherited
-through every fork and exec), which :func:`kill_tree` also looks for in ``/proc/PID/environ``, as
-Jenkins' process-tree killer does with ``BUILD_ID``. :class:`Watchdog` is a forked helper in a
-session of its own that does all this if the launcher itself dies, even by SIGKILL of its whole
-process group.
+parent dies: the launcher is a child subreaper, so the daemon becomes the launcher's child, and the
+launcher tells the watchdog each such child (:func:`reap_orphans`, every tick) with its start time.
+Whatever the daemon changes (its session, its process group, its whole environment), it stays that
+process. A daemon also carries the job's marker variable (``NAME=<pid>-<random hex>``, inherited
+through every fork and exec) unless it cleared its environment; :func:`kill_tree` also looks for it
+in ``/proc/PID/environ``, as Jenkins' process-tree killer does with ``BUILD_ID``. :class:`Watchdog`
+is a forked helper in a session of its own that does all this if the launcher itself dies, even by
+SIGKILL of its whole process group. Should the watchdog be killed too, torchrun's parent-death
+signal (:func:`parent_death_signal`) is the last line: the kernel sends torchrun SIGTERM when the
+launcher dies, and torchrun ends its workers (SIGTERM, then SIGKILL after its own timeout).
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from typing import Optional
+from typing import Callable, Optional
 
+PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
+TRACKED_PRUNE = 4096  # processes tracked before those that ended are forgotten (a long job's DataLoader workers)
 WATCHDOG_NAME = b"ddp-watchdog"  # its /proc/PID/comm: a watchdog is never killed, it ends with its launcher
 
 
@@ -91,6 +98,13 @@ def exit_status(pid: int) -> Optional[int]:
     if not fields or fields[0] != b"Z" or len(fields) < 50:
         return None
     return int(fields[49])
+
+
+def start_time(pid: int) -> Optional[int]:
+    """The process's start time (clock ticks after boot, ``/proc/PID/stat`` field 22): with the PID, it
+    names one process for good (a PID is reused, the pair never). None if it is gone."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
 
 
 def _is_watchdog(pid: int) -> bool:
@@ -182,19 +196,70 @@ def reap_children() -> None:
             return
 
 
-def reap_orphans(keep: Iterable[int]) -> int:
+def reap_orphans(keep: Iterable[int], watchdog: Optional[Watchdog] = None) -> int:
     """Collect the exited children of this process except ``keep``; returns how many.
 
     A subreaper inherits every orphan of its tree; their zombies would pile up while the job runs.
     Each is waited for by PID: ``waitpid(-1)`` could take the status of a child that a
-    :class:`subprocess.Popen` waits for.
+    :class:`subprocess.Popen` waits for. The living ones (daemons a worker detached) are handed to
+    ``watchdog`` to kill should the launcher die, and a watchdog that died is noticed.
     """
-    reaped, spared = 0, set(keep)
-    for pid in children_of(os.getpid(), zombies=True):
-        if pid not in spared and state(pid) == "Z":
+    reaped, spared, me = 0, set(keep), os.getpid()
+    table = _process_table()
+    for pid, (parent, letter) in table.items():
+        if parent == me and pid not in spared and letter == b"Z":
             with contextlib.suppress(ChildProcessError):
                 reaped += os.waitpid(pid, os.WNOHANG)[0] == pid
+    if watchdog is not None:
+        living = {pid: parent for pid, (parent, letter) in table.items() if letter != b"Z"}
+        watchdog.track({pid: living[pid] == me and pid not in spared
+                        for pid in descendants([me], living) if pid != watchdog.pid}, set(living))
+        if table.get(watchdog.pid, (0, b"Z"))[1] == b"Z":
+            watchdog.lost("it has exited")
     return reaped
+
+
+def _libc_prctl() -> Optional[Callable[..., int]]:
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # only here: costs a few milliseconds
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+def parent_death_signal(sig: int) -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` that makes the child get ``sig`` when this process (the thread starting it) dies.
+
+    The kernel delivers it even when this process is SIGKILLed; it survives the child's exec. The
+    library call is looked up here, before the fork, so the child only makes one system call. None
+    where Linux's ``prctl`` is not available.
+    """
+    prctl, parent = _libc_prctl(), os.getpid()
+    if prctl is None:
+        return None
+
+    def set_in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # this process died before the call: the signal would never come
+            os.kill(os.getpid(), sig)
+    return set_in_child
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Have this process get ``sig`` when its parent dies (Linux ``PR_SET_PDEATHSIG``).
+
+    For a worker's start-up code: a worker then ends when torchrun does, whatever killed torchrun.
+    A parent already gone gets the signal sent at once. Returns False where it is not available.
+    """
+    parent = os.getppid()
+    if not _prctl(PR_SET_PDEATHSIG, sig):
+        return False
+    if parent == 1 or os.getppid() != parent:  # the parent died before the call
+        os.kill(os.getpid(), sig)
+    return True
 
 
 class Watchdog:
@@ -207,9 +272,14 @@ class Watchdog:
     The helper is in a session of its own (a kill of the launcher's process group misses it), needs
     no standard stream (they point at ``/dev/null``) and ignores the stop signals and SIGPIPE.
     Fork it before creating pipes for children: it closes every descriptor but its own.
+
+    Losing the helper (someone SIGKILLs it) costs one warning through ``log``, never the job.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, log: Callable[[str], None] = lambda _message: None) -> None:
+        self._log = log
+        self._tracked: set[int] = set()
+        self._lost = False
         read_fd, self._write_fd = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:  # the helper: never returns into the launcher's code
@@ -232,6 +302,7 @@ class Watchdog:
         os.closerange(read_fd + 1, 65536)
         _prctl(PR_SET_NAME, WATCHDOG_NAME)
         guarded: list[int] = []
+        tracked: dict[int, int] = {}  # PID -> start time: a PID reused by another process is not it
         markers: list[str] = []
         dirs: list[str] = []
         buffer = b""
@@ -247,11 +318,17 @@ class Watchdog:
                     return
                 if kind == b"pid":
                     guarded.append(int(value))
+                elif kind == b"track":
+                    pid, started = (int(word) for word in value.split())
+                    tracked[pid] = started
+                elif kind == b"living":  # the others have ended: forget them
+                    alive = {int(word) for word in value.split()}
+                    tracked = {pid: started for pid, started in tracked.items() if pid in alive}
                 elif kind == b"marker":
                     markers.append(bytes.fromhex(value.decode()).decode())
                 elif kind == b"dir":
                     dirs.append(os.fsdecode(bytes.fromhex(value.decode())))
-        kill_tree(guarded)
+        kill_tree(guarded + [pid for pid, started in tracked.items() if start_time(pid) == started])
         for marker in markers:
             kill_tree([], marker=marker)
         import shutil
@@ -260,11 +337,41 @@ class Watchdog:
             shutil.rmtree(path, ignore_errors=True)
 
     def _send(self, kind: str, value: bytes = b"") -> None:
-        os.write(self._write_fd, kind.encode() + b" " + value + b"\n")
+        if self._lost:
+            return
+        try:
+            os.write(self._write_fd, kind.encode() + b" " + value + b"\n")
+        except OSError as exc:  # EPIPE: the helper is gone
+            self.lost(exc.strerror or str(exc))
+
+    def lost(self, why: str) -> None:
+        """The helper is gone (``why``): warn once; the job goes on without it."""
+        if not self._lost:
+            self._lost = True
+            self._log(f"the watchdog (pid {self.pid}) is gone ({why}): the job goes on; should the launcher "
+                       "be killed now, torchrun's parent-death signal (SIGTERM) ends the workers")
 
     def guard(self, pid: int) -> None:
         """Kill this PID's tree if the launcher dies."""
         self._send("pid", b"%d" % pid)
+
+    def track(self, pids: dict[int, bool], living: set[int]) -> None:
+        """Kill these processes and their trees if the launcher dies, even once they left its tree;
+        each is known by PID and start time, told once. ``pids`` maps each to whether it is a daemon
+        re-parented to the launcher (said in a log line); ``living`` (every living PID) lets the
+        record of processes that ended be dropped."""
+        for pid, reparented in pids.items():
+            started = start_time(pid) if pid not in self._tracked else None
+            if started is None:
+                continue
+            self._tracked.add(pid)
+            self._send("track", b"%d %d" % (pid, started))
+            if reparented:
+                self._log(f"process {pid} left torchrun's tree (re-parented to the launcher): it is ended "
+                          "with the job")
+        if len(self._tracked) > TRACKED_PRUNE:
+            self._tracked &= living
+            self._send("living", b" ".join(b"%d" % pid for pid in sorted(self._tracked)))
 
     def kill_marked(self, marker: str) -> None:
         """Kill every process whose environment holds ``marker`` (``NAME=VALUE``) if the launcher dies."""
@@ -280,7 +387,8 @@ class Watchdog:
             self._send("done")
         finally:
             os.close(self._write_fd)
-            os.waitpid(self.pid, 0)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
 
 
 def new_marker(name: str) -> str:

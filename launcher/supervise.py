@@ -16,6 +16,8 @@
   zombies are collected while the job runs.
 - The job watch (:mod:`launcher.jobwatch`) may ask for a stop when another host failed: the same
   path as SIGTERM, with a shorter grace period.
+- The worker logs torchrun's ``--tee`` keeps under ``$TMPDIR`` stay small on disk while it runs
+  (:class:`~launcher.logspace.LogTrimmer`).
 - A :class:`~launcher.proctree.Watchdog` kills the tree (and everything with the job's marker) if
   the launcher itself is killed.
 """
@@ -35,6 +37,7 @@ from typing import IO, Callable, Optional, Protocol
 
 from launcher import proctree
 from launcher.command import Launch
+from launcher.logspace import LogTrimmer
 from launcher.outcome import Outcome
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -208,12 +211,16 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         watch.attach(stop.request)
     tail = StderrTail()
     try:
+        # SIGTERM to torchrun if the launcher dies (even by SIGKILL): with the watchdog gone too, torchrun
+        # still ends its workers. Set in the child before exec (torch handles SIGTERM by shutting down).
         proc = subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                preexec_fn=proctree.parent_death_signal(signal.SIGTERM))
         stop.proc = proc
         for sig in FORWARD_ONLY:
             signal.signal(sig, stop.relay)
         watchdog.guard(proc.pid)
+        trimmer = LogTrimmer(proc.pid, launch.log_dir, log, lambda: stop.signal is not None)  # bounded disk use
         log(f"torchrun started as pid {proc.pid}")
         if stop.signal is not None:  # arrived while starting
             stop(stop.signal)
@@ -222,7 +229,8 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         for pump in pumps:
             pump.start()
         rendezvous_by = None if rendezvous_timeout is None else time.monotonic() + rendezvous_timeout
-        returncode, after_grace, no_rendezvous = _wait(proc, stop, log, [proc.pid, watchdog.pid], rendezvous_by)
+        returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by)
+        trimmer.stop()
         leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
         if leftovers:
             log(f"killed {leftovers} process(es) torchrun left behind")
@@ -239,9 +247,9 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
 
 
 def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None],
-          keep: Sequence[int], rendezvous_by: Optional[float] = None) -> tuple[int, bool, bool]:
-    """Wait for torchrun; reap orphans, settle a frozen torchrun, enforce the grace period and the
-    rendezvous deadline.
+          watchdog: proctree.Watchdog, rendezvous_by: Optional[float] = None) -> tuple[int, bool, bool]:
+    """Wait for torchrun; reap orphans (the living ones go to the watchdog), settle a frozen torchrun,
+    enforce the grace period and the rendezvous deadline.
 
     Returns torchrun's return code, whether the grace period ran out, and whether no worker had
     started by ``rendezvous_by`` (torchrun then killed).
@@ -255,7 +263,7 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
             return proc.wait(timeout=timeout), after_grace, no_rendezvous
         except subprocess.TimeoutExpired:
             pass
-        proctree.reap_orphans(keep)
+        proctree.reap_orphans([proc.pid, watchdog.pid], watchdog)
         if killed:
             continue
         if rendezvous_by is not None and stop.signal is None and time.monotonic() >= rendezvous_by:

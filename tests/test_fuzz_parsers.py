@@ -13,8 +13,13 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 import re
+import signal
+import socket
 import sys
+import tracemalloc
+from typing import Callable
 
 import pytest
 from conftest import resolve_cluster
@@ -23,10 +28,12 @@ from hypothesis import strategies as st
 from sagemaker_training import mapping
 
 from launcher import platforms
-from launcher.cluster import Cluster
+from launcher.cluster import Cluster, bad_host
 from launcher.errors import ConfigError
+from launcher.filereader import MAX_CONFIG_BYTES, read_bounded
 from launcher.options import MAX_NPROC, MAX_RESTARTS, MAX_SECONDS, SPECS, parse_invocation
-from launcher.platforms import sagemaker
+from launcher.platforms import oci, pbs, sagemaker
+from launcher.platforms.base import HostView
 from launcher.platforms.sagemaker import argv as aws_argv
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -64,6 +71,7 @@ def check_cluster(cluster: Cluster) -> None:
     assert isinstance(cluster, Cluster)
     assert cluster.nnodes >= 1 and 0 <= cluster.node_rank < cluster.nnodes
     assert 1 <= cluster.nproc_per_node <= MAX_NPROC
+    assert bad_host(cluster) is None, cluster  # only host names and addresses: nothing a shell or a log reader misreads
     if cluster.hosts:
         assert list(cluster.hosts) == sorted(cluster.hosts) and len(cluster.hosts) == cluster.nnodes
         assert cluster.hosts[cluster.node_rank] == cluster.current_host
@@ -277,3 +285,142 @@ def test_generated_hyperparameters_reach_the_script_as_aws_renders_them(user, ou
     assert o.dry_run is ours.get("launcher-dry-run", False)
     assert o.max_restarts == ours.get("launcher_max_restarts", 0)
     assert o.resolve == ours.get("launcher-resolve", {})
+
+
+# --- files of every kind where a platform names a file ------------------------------------------
+
+def _file_kind(root, kind: str, size: int):
+    """A path under ``root`` that is a file of ``kind`` (made now), ``size`` bytes where a size applies."""
+    path = root / f"obj-{kind.replace('/', '_')}-{size}"
+    if os.path.lexists(path):
+        return path
+    if kind == "FIFO without a writer":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        SOCKETS.append(sock)
+    elif kind in DEVICES:
+        path.symlink_to(DEVICES[kind])
+    elif kind == "sparse":
+        with open(path, "wb") as fh:
+            fh.truncate(size)
+    elif kind == "symlink to a FIFO":
+        path.symlink_to(_file_kind(root, "FIFO without a writer", 0))
+    return path
+
+
+SOCKETS: list = []
+DEVICES = {"/dev/zero": "/dev/zero", "/dev/urandom": "/dev/urandom", "/dev/null": "/dev/null", "/dev/tty": "/dev/tty"}
+KINDS = ["FIFO without a writer", "symlink to a FIFO", "directory", "socket", *DEVICES, "sparse"]
+# The size bound: at the limit a sparse file is read (16 MiB of NULs: not a configuration); above it,
+# sparse or not, it is refused from its size alone, before a byte is read.
+SIZES = st.sampled_from([0, 1, MAX_CONFIG_BYTES - 1, MAX_CONFIG_BYTES, MAX_CONFIG_BYTES + 1, 1 << 30, 1 << 40])
+
+
+def _readers(dirs, path) -> dict[str, Callable[[], object]]:
+    """Every place a platform reads a file it is given, pointed at ``path``."""
+    config = dirs / "kinds" / "input" / "config"
+    host = HostView(dev_dir=str(dirs / "dev"), hostname="n1")
+    for name in ("resourceconfig.json", "hyperparameters.json"):
+        if os.path.lexists(config / name):
+            (config / name).unlink()
+    base = {"SAGEMAKER_BASE_DIR": str(dirs / "kinds")}
+
+    def sagemaker_file(name: str) -> Callable[[], object]:
+        def read() -> object:
+            (config / name).symlink_to(path)
+            if name == "hyperparameters.json":
+                return sagemaker.PLATFORM.prepare_argv(["t.py"], base, [])
+            return sagemaker.PLATFORM.resolve(base, host)
+        return read
+
+    return {
+        "resourceconfig.json": sagemaker_file("resourceconfig.json"),
+        "hyperparameters.json": sagemaker_file("hyperparameters.json"),
+        "PBS_NODEFILE": lambda: pbs.PLATFORM.resolve({"PBS_NODEFILE": str(path), "PBS_JOBID": "1.srv"}, host),
+        "CLUSTER_NODES_METADATA_FILE": lambda: oci.PLATFORM.resolve(
+            {"CLUSTER_NODES_METADATA_FILE": str(path), "NODE_COUNT": "2", "NODE_RANK": "0"}, host),
+        "read_bounded": lambda: read_bounded(str(path), MAX_CONFIG_BYTES, "the file"),
+    }
+
+
+@settings(FUZZ, max_examples=60)
+@given(kind=st.sampled_from(KINDS), size=SIZES, reader=st.sampled_from(
+    ["resourceconfig.json", "hyperparameters.json", "PBS_NODEFILE", "CLUSTER_NODES_METADATA_FILE", "read_bounded"]))
+def test_files_of_every_kind_are_refused_at_once(dirs, kind, size, reader):
+    """A FIFO, a device, a socket, a directory, a huge or sparse file where a platform reads a file: a
+    one-line ConfigError naming it, at once (an alarm fails a read that blocks), in bounded memory."""
+    (dirs / "kinds" / "input" / "config").mkdir(parents=True, exist_ok=True)
+    path = _file_kind(dirs, kind, size if kind == "sparse" else 0)
+    if kind == "/dev/tty" and not os.path.exists("/dev/tty"):
+        return
+    read = _readers(dirs, path)[reader]
+    tracemalloc.start()
+    signal.alarm(20)  # a read that blocks (a FIFO) would hang for ever: fail instead
+    try:
+        with pytest.raises(ConfigError) as refused:
+            read()
+    finally:
+        signal.alarm(0)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    check_message(refused.value, bounded=False)
+    assert "Traceback" not in str(refused.value)
+    if kind != "sparse":
+        assert "not a regular file" in str(refused.value) or "does not exist" in str(refused.value)
+    assert peak < 3 * MAX_CONFIG_BYTES, peak  # at most the bound's bytes are ever read
+
+
+@FUZZ
+@given(content=st.binary(max_size=300), limit=st.integers(0, 400))
+def test_read_bounded_returns_the_bytes_or_refuses_by_size(tmp_path_factory, content, limit):
+    path = tmp_path_factory.mktemp("bounded") / "f"
+    path.write_bytes(content)
+    try:
+        data = read_bounded(str(path), limit, "F")
+    except ConfigError as err:
+        assert len(content) > limit and "larger than" in str(err)
+    else:
+        assert data == content and len(content) <= limit
+
+
+# simulate's --fault HOST:KIND:AFTER[:SECONDS]: any text is a Fault or a one-line ConfigError, and every
+# well-formed spec means what it says.
+FAULT_HOSTS = ("algo-1", "algo-2")
+_fault_kinds = st.sampled_from(["SIGKILL", "term", "9", "partition", "poweroff", "blip", "pause", "vmpause",
+                                "starve", "saturate", "SIGNOPE", ""])
+_fault_numbers = st.one_of(_numbers, st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                           st.integers(-3, 10**6).map(lambda n: f"step={n}"))
+
+
+@FUZZ
+@given(st.one_of(st.lists(st.one_of(_hosts, _fault_kinds, _fault_numbers, _text), min_size=0, max_size=6)
+                 .map(":".join), _text))
+def test_fault_specs_any_text(text):
+    from launcher.simulate import Fault, parse_fault
+
+    try:
+        fault = parse_fault(text, FAULT_HOSTS)
+    except ConfigError as err:
+        check_message(err)
+        return
+    assert isinstance(fault, Fault) and fault.host in FAULT_HOSTS
+    assert (fault.after is None) != (fault.step is None)
+    assert fault.after is None or 0 <= fault.after < math.inf
+    assert (fault.seconds is not None) == fault.transient == (len(text.split(":")) == 4)
+    assert fault.seconds is None or 0 < fault.seconds < math.inf
+
+
+@FUZZ
+@given(st.sampled_from(FAULT_HOSTS), st.sampled_from(["blip", "pause", "vmpause", "starve", "saturate"]),
+       st.one_of(st.floats(0, 86400), st.integers(0, 10**6).map(lambda n: f"step={n}")),
+       st.floats(0.001, 86400))
+def test_transient_fault_specs_mean_what_they_say(host, kind, after, seconds):
+    from launcher.simulate import Fault, parse_fault
+
+    fault = parse_fault(f"{host}:{kind}:{after}:{seconds!r}", FAULT_HOSTS)
+    when = {"step": int(after[5:])} if isinstance(after, str) else {"after": after}
+    assert fault == Fault(host, 0, kind=kind, seconds=seconds, **when) and fault.transient

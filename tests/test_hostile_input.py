@@ -222,7 +222,7 @@ def test_launcher_words_as_hyperparameter_names_or_values_reach_the_script(word)
 def test_launcher_prefixed_hyperparameters_are_the_launchers(spec):
     good = {"platform": "local", "nproc_per_node": 3, "master_port": 2345, "rdzv_timeout": 60, "max_restarts": 2,
             "grace_period": 30.5, "resolve": {"algo-1": "127.0.0.1"}, "dry_run": True, "json": True,
-            "watch_port": 2346, "heartbeat_timeout": 5.0, "no_job_watch": True}[spec.name]
+            "watch_port": 2346, "loss_timeout": 5.0, "job_secret_file": "/run/secret", "no_job_watch": True}[spec.name]
     text = ",".join(f"{k}={v}" for k, v in good.items()) if isinstance(good, dict) else good
     for key in ("launcher-" + spec.name.replace("_", "-"), "launcher_" + spec.name):
         argv = mapping.to_cmd_args({key: text, "train-script": "train.py", "epochs": 3})
@@ -268,3 +268,123 @@ def test_a_dry_run_value_trains_for_real(tmp_path):
     found = json.loads(record.read_text())
     assert found["argv"] == mapping.to_cmd_args(user)
     assert_gone([proc.pid, found["pid"], found["ppid"]])
+
+
+# --- 7. files of every kind, numbers of any length, host lists of any shape (issue 18) ---------
+
+PEAK_RSS_WRAPPER = ("import resource, subprocess, sys\n"
+                    "code = subprocess.call(sys.argv[1:])\n"
+                    "sys.stderr.write('PEAK_KIB %d\\n' % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+                    "sys.exit(code)\n")
+
+
+def refused_in_bounded_memory(tmp_path, args, named, env, peak_kib: int = 100 * 1024) -> str:
+    """:func:`refused`, and the launcher's peak RSS under ``peak_kib`` (measured by a wrapper process)."""
+    script = tmp_path / "train.py"
+    script.write_text(MARKER_SCRIPT)
+    proc = subprocess.run([PYTHON, "-c", PEAK_RSS_WRAPPER, PYTHON, "-m", "launcher", *args], cwd=str(tmp_path),
+                          env=launcher_env(MARKER=str(tmp_path / "marker"), **env), capture_output=True, timeout=60)
+    err = proc.stderr.decode("utf-8", "replace")
+    line, _, peak = err.rpartition("PEAK_KIB ")
+    assert proc.returncode == 2 and proc.stdout == b"" and line.count("\n") == 1, err[-3000:]
+    assert named in line and "Traceback" not in line and len(line) < MAX_LINE, line
+    assert int(peak) < peak_kib, f"peak RSS {int(peak)} KiB: {line}"
+    assert not (tmp_path / "marker").exists()
+    return line
+
+
+def special_file(tmp_path, kind: str) -> str:
+    """A path that is a file of ``kind``: a FIFO nobody writes, a device, a 1 GB file (sparse or not)."""
+    if kind in ("/dev/zero", "/dev/urandom"):
+        return kind
+    path = tmp_path / kind.replace(" ", "-")
+    if kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "sparse 1 GB":
+        with open(path, "wb") as fh:
+            fh.truncate(1 << 30)
+    elif kind == "1 GB of host names":  # real blocks, not a hole: written by the kernel, not Python
+        with open(path, "wb") as fh:
+            fh.write(b"node-0001\n" * (1 << 20))
+        with open(path, "r+b") as fh:
+            fh.truncate(1 << 30)
+    return str(path)
+
+
+FILE_KINDS = ["FIFO", "/dev/zero", "/dev/urandom", "sparse 1 GB", "1 GB of host names"]
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_pbs_nodefile_of_every_kind(tmp_path, kind):
+    env = {"PBS_JOBID": "12.srv", "PBS_NODEFILE": special_file(tmp_path, kind)}
+    refused_in_bounded_memory(tmp_path, ["train.py"], "PBS_NODEFILE", env)
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_oci_metadata_file_of_every_kind(tmp_path, kind):
+    env = {"CLUSTER_NODES_METADATA_FILE": special_file(tmp_path, kind), "NODE_COUNT": "2", "NODE_RANK": "0",
+           "LAUNCHER_RDZV_TIMEOUT": "900"}  # refused at the first look, not after the wait
+    refused_in_bounded_memory(tmp_path, ["train.py"], "CLUSTER_NODES_METADATA_FILE", env)
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_resourceconfig_of_every_kind(tmp_path, kind):
+    env = sagemaker_base(tmp_path)
+    path = tmp_path / "opt_ml" / "input" / "config" / "resourceconfig.json"
+    path.unlink()
+    path.symlink_to(special_file(tmp_path, kind))
+    refused_in_bounded_memory(tmp_path, ["train.py"], "resourceconfig.json", env)
+
+
+SLURM = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "0", "SLURMD_NODENAME": "n1"}
+
+
+@pytest.mark.parametrize("nodelist", [
+    "n[" + "9" * 5000 + "]",
+    "n[1-" + "9" * 5000 + "]",
+    "n" + "9" * 5000,  # a name of 5000 digits: not a host name (more than 63 characters in a label)
+    "n[1-2]" + "[0-99998]" * 3,
+    "n[0-99998]" + "[0-99998]" * 14_000,  # about 128 KiB, one variable's limit on Linux
+    ",".join(["n[0-99998]"] * 11_000),
+    "n[٣]",
+])
+def test_slurm_host_lists_of_any_shape_in_bounded_memory(tmp_path, nodelist):
+    refused_in_bounded_memory(tmp_path, ["train.py"], "SLURM_STEP_NODELIST", {**SLURM, "SLURM_STEP_NODELIST": nodelist})
+
+
+@pytest.mark.parametrize("name", ["algo-1\nalgo-9", "algo-1;reboot", "$(reboot)", "algo 1", "a`b`", "-rf", "a" * 64,
+                                  "algo-1\x1b[2J", "algo..1", "ä"])
+def test_host_names_that_are_not_host_names(tmp_path, name):
+    hosts = json.dumps(["algo-0", name])
+    refused(tmp_path, ["train.py"], "SM_HOSTS", {"SM_HOSTS": hosts, "SM_CURRENT_HOST": "algo-0"})
+    env = sagemaker_base(tmp_path, json.dumps({"hosts": ["algo-0", name], "current_host": "algo-0"}).encode())
+    refused(tmp_path, ["train.py"], "resourceconfig.json", env)
+    refused(tmp_path, ["train.py"], "MASTER_ADDR",
+            {"MASTER_ADDR": name, "MASTER_PORT": "29500", "NNODES": "2", "NODE_RANK": "1"})
+
+
+def test_a_dry_run_prints_no_control_character(tmp_path):
+    (tmp_path / "train.py").write_text(MARKER_SCRIPT)
+    env = launcher_env(SM_HOSTS='["algo-1"]', SM_CURRENT_HOST="algo-1", SM_CURRENT_INSTANCE_TYPE="ml.x\nforged: line",
+                       SM_NETWORK_INTERFACE_NAME="eth0\x1b[2J")
+    proc = subprocess.run([PYTHON, "-m", "launcher", "--dry-run", "train.py", "--note", "a\nb\rc"], cwd=str(tmp_path),
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not any(line.startswith(("forged", "b")) for line in proc.stdout.splitlines()), proc.stdout
+    assert all(ch.isprintable() for line in proc.stdout.splitlines() for ch in line), proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_a_full_tmpdir_is_named_before_anything_starts(tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("user and mount namespaces are not available here")
+    # A 512 KiB tmpfs in a private mount namespace of this test's own, filled up: writable, and full.
+    fill = ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=512k tmpfs "$FULL" && '
+            'dd if=/dev/zero of="$FULL/fill" bs=4k 2>/dev/null; exec "$@"', "sh"]
+    line = refused(tmp_path, ["train.py"], "TMPDIR", {"TMPDIR": str(full), "FULL": str(full),
+                                                      "SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-1"},
+                   prefix=fill)
+    assert "full" in line

@@ -1,13 +1,15 @@
-"""The launcher's memory stays bounded whatever the workers print, and it still finds the real cause.
+"""The launcher's memory and disk stay bounded whatever the workers print, and it still finds the real cause.
 
 One real launcher run (1 process) whose worker prints one endless stdout line (no newline ever), long
 stderr lines and then ordinary stderr lines, about 1.4 GB in all, and then fails with a known exception
 (no error file: the launcher must find it in the log). The launcher's own peak RSS (VmHWM) is sampled
-from /proc until it exits.
+from /proc until it exits, and the disk its run directory under ``$TMPDIR`` takes (the blocks
+allocated, torchrun's worker logs included) every 20 ms.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -19,6 +21,9 @@ from test_launcher_processes import job_pids, make_host, start_launcher
 MiB = 1 << 20
 ENDLESS_MIB, LONG_MIB, LONG_COUNT, LINES_MIB = 128, 50, 4, 1024
 PEAK_LIMIT_KIB = 50 * 1024
+# Each log: its last MiB, at most 32 MiB torchrun has not copied yet (launcher/logspace.py), and what the
+# worker writes before the next trim; a loaded machine delays trims, hence the margin. Before: 1.4 GB.
+DISK_LIMIT_MIB = 300
 
 NOISY = """\
 import json, os, sys
@@ -62,6 +67,31 @@ class Drain:
             self.tail = (self.tail + chunk)[-65536:]
 
 
+class DiskSampler:
+    """The largest number of bytes allocated under ``root``'s ``ddp-launcher-*`` run directories."""
+
+    def __init__(self, root) -> None:
+        self.root, self.peak, self.done = str(root), 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.02):
+            used = 0
+            for name in os.listdir(self.root):
+                if name.startswith("ddp-launcher-"):
+                    for top, _dirs, files in os.walk(os.path.join(self.root, name)):
+                        for file in files:
+                            with contextlib.suppress(OSError):
+                                used += os.lstat(os.path.join(top, file)).st_blocks * 512
+            self.peak = max(self.peak, used)
+
+    def stop(self) -> int:
+        self.done.set()
+        self.thread.join(timeout=30)
+        return self.peak
+
+
 def sample(pid: int, proc) -> tuple[int, int, float]:
     """Sample ``pid`` until it exits: the largest VmHWM and VmRSS (KiB), its last CPU time (s)."""
     hwm = rss = 0
@@ -92,8 +122,10 @@ def test_gigabytes_of_output_in_bounded_memory(tmp_path):
                                  str(LONG_COUNT), str(LINES_MIB)],
                           free_port(), ["algo-1"], TMPDIR=str(tmp_path))  # torchrun's logs go under tmp_path
     out, err = Drain(proc.stdout), Drain(proc.stderr)
+    disk = DiskSampler(tmp_path)
     hwm, rss, cpu = sample(proc.pid, proc)
     proc.wait(timeout=300)
+    disk_peak = disk.stop()
     elapsed = time.monotonic() - started
     out.thread.join(timeout=30)
     err.thread.join(timeout=30)
@@ -102,7 +134,8 @@ def test_gigabytes_of_output_in_bounded_memory(tmp_path):
     payload = (ENDLESS_MIB + LONG_MIB * LONG_COUNT + LINES_MIB) * MiB
     print(f"\nlauncher peak RSS {hwm / 1024:.1f} MiB (max VmRSS sampled {rss / 1024:.1f} MiB); "
           f"{(out.count + err.count) / MiB:.0f} MiB through it in {elapsed:.1f} s "
-          f"({(out.count + err.count) / MiB / elapsed:.0f} MiB/s, start-up included); launcher CPU {cpu:.1f} s")
+          f"({(out.count + err.count) / MiB / elapsed:.0f} MiB/s, start-up included); launcher CPU {cpu:.1f} s; "
+          f"peak disk under TMPDIR {disk_peak / MiB:.1f} MiB")
     assert proc.returncode == 1, err.tail[-3000:]
     assert out.count >= ENDLESS_MIB * MiB and out.count + err.count >= payload  # everything went through
     report = (base / "output" / "failure").read_text()
@@ -110,3 +143,4 @@ def test_gigabytes_of_output_in_bounded_memory(tmp_path):
                                        "KeyError: 'the real cause: shard 42 is missing'"], report
     assert err.tail.decode("utf-8", "replace").rstrip("\n").endswith(report.rstrip("\n"))
     assert 0 < hwm <= PEAK_LIMIT_KIB, f"launcher peak RSS {hwm} KiB"
+    assert 0 < disk_peak <= DISK_LIMIT_MIB * MiB, f"peak disk under TMPDIR {disk_peak / MiB:.1f} MiB"

@@ -356,6 +356,14 @@ BAD_INPUTS = [
     (["--hosts", "2", "--hyperparameters", "[1, 2]"], "must be a JSON object"),
     (["--hosts", "2", "--fault", "algo-3:SIGKILL:5"], "'algo-3'"),
     (["--hosts", "2", "--fault", "algo-2:SIGNOPE:5"], "'SIGNOPE'"),
+    (["--hosts", "2", "--fault", "algo-2:blip:5"], "blip lasts SECONDS: HOST:blip:AFTER:SECONDS"),
+    (["--hosts", "2", "--fault", "algo-2:SIGKILL:5:3"], "'SIGKILL' takes no duration"),
+    (["--hosts", "2", "--fault", "algo-2:pause:5:0"], "SECONDS must be seconds > 0"),
+    (["--hosts", "2", "--fault", "algo-2:starve:5:inf"], "'inf'"),
+    (["--hosts", "2", "--fault", "algo-2:vmpause:-1:5"], "AFTER must be seconds >= 0"),
+    (["--hosts", "2", "--fault", "algo-2:saturate:step=x:5"], "'step=x'"),
+    (["--hosts", "2", "--fault", "algo-2:blip:1:2:3"], "HOST:KIND:AFTER:SECONDS"),
+    (["--hosts", "2", "--network", "loopback", "--fault", "algo-2:blip:1:2"], "blip needs --network netns"),
     (["--hosts", "2", "--job-name", "bad_name"], "'bad_name'"),
     (["--hosts", "2", "--grace-period", "0"], "--grace-period"),
 ]
@@ -418,6 +426,13 @@ def test_fault_specs() -> None:
     assert simulate.parse_fault("algo-2:SIGKILL:5", hosts) == simulate.Fault("algo-2", 9, after=5.0)
     assert simulate.parse_fault("algo-1:term:step=7", hosts) == simulate.Fault("algo-1", 15, step=7)
     assert simulate.parse_fault("algo-1:15:0.5", hosts).after == 0.5
+    for kind in ("blip", "pause", "vmpause", "starve", "saturate"):  # transient: AFTER, then SECONDS
+        fault = simulate.parse_fault(f"algo-2:{kind}:10:5", hosts)
+        assert fault == simulate.Fault("algo-2", 0, after=10.0, kind=kind, seconds=5.0) and fault.transient
+        assert simulate.parse_fault(f"algo-1:{kind}:step=3:0.5", hosts) == \
+            simulate.Fault("algo-1", 0, step=3, kind=kind, seconds=0.5)
+    for kind in ("partition", "poweroff", "SIGKILL"):
+        assert not simulate.parse_fault(f"algo-2:{kind}:1", hosts).transient
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable, NamedTuple, Optional
 
 from launcher.cluster import MAX_NPROC, Cluster
-from launcher.errors import ConfigError, shown
+from launcher.errors import ConfigError, digits_value, shown
+from launcher.filereader import MAX_CONFIG_BYTES, read_bounded
 from launcher.platforms.devices import count_gpus
 
 #: One look at something the cluster publishes late: ``(value, state)``; ``None``: not there yet, and
@@ -27,7 +28,6 @@ from launcher.platforms.devices import count_gpus
 Attempt = Callable[[], tuple[Optional[Any], str]]
 
 _ADDRESS = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
-MAX_CONFIG_BYTES = 16 << 20  # a configuration file larger than this is not one (10,000 hosts take 200 kB)
 MAX_COUNT = 1_000_000  # no count a platform publishes (hosts, ranks, devices) is larger: a typo or garbage
 
 
@@ -122,14 +122,9 @@ def is_address(text: str) -> bool:
 
 
 def read_json(path: str) -> Any:
-    """Load a JSON file; unreadable, too large, empty, not UTF-8 or malformed is a :class:`ConfigError` naming it."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_CONFIG_BYTES + 1)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise ConfigError(f"cannot read {shown(path)}: {getattr(exc, 'strerror', None) or exc}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{shown(path)} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a configuration file")
+    """Load a JSON file; unreadable, not a regular file, too large, empty, not UTF-8 or malformed is a
+    :class:`ConfigError` naming it (read by :func:`launcher.filereader.read_bounded`: never blocks)."""
+    data = read_bounded(path, MAX_CONFIG_BYTES, "") or b""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -213,8 +208,8 @@ def torchrun_nproc(word: str, name: str, host: HostView, evidence: list[str]) ->
     dev_dir = host.dev_dir
     text = word.strip().lower()
     if text.isdigit():
-        value = int(text)
-        if not 1 <= value <= MAX_NPROC:
+        value = digits_value(text)
+        if value is None or not 1 <= value <= MAX_NPROC:
             raise ConfigError(f"{name} must be 1-{MAX_NPROC}, auto, gpu or cpu: {shown(word)}")
         evidence.append(f"{name}={value}")
         return value
@@ -236,13 +231,13 @@ def node_count(environ: Mapping[str, str], name: str) -> Optional[int]:
     text = environ.get(name, "").strip()
     if ":" not in text:
         return whole_number(environ, name, minimum=1)
-    low, _, high = text.partition(":")
-    if not (low.strip().isdigit() and high.strip().isdigit()):
+    low, high = (digits_value(part) for part in text.partition(":")[::2])
+    if low is None or high is None or high > MAX_COUNT:
         raise ConfigError(f"{name} is not a node count or MIN:MAX: {shown(environ[name])}")
-    if int(low) != int(high) or int(low) < 1:
-        raise ConfigError(f"{name}={text} is an elastic range: the launcher's static rendezvous needs a fixed "
-                          "node count (set min and max replicas equal)")
-    return int(low)
+    if low != high or low < 1:
+        raise ConfigError(f"{name}={text} is an elastic range: the launcher's static rendezvous needs a "
+                          "fixed node count (set min and max replicas equal)")
+    return low
 
 
 def first_set(environ: Mapping[str, str], names: Sequence[str]) -> Optional[str]:
@@ -262,9 +257,10 @@ def first_set(environ: Mapping[str, str], names: Sequence[str]) -> Optional[str]
 def host_and_port(address: str, source: str) -> tuple[str, int]:
     """``host:port`` -> its parts; anything else is a :class:`ConfigError` naming ``source``."""
     host, sep, port = address.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    number = digits_value(port, 5)
+    if not sep or not host or number is None or not 1 <= number <= 65535:
         raise ConfigError(f"{source}: not HOST:PORT: {shown(address)}")
-    return host, int(port)
+    return host, number
 
 
 def this_host() -> str:

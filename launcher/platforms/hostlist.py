@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator
+
+from launcher.errors import MAX_DIGITS, digits_value
 
 MAX_HOSTS = 100_000  # more nodes than any cluster has: a typo such as n[1-99999999], not a job
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
 
 
 class HostlistError(ValueError):
@@ -40,41 +43,57 @@ def split_top_level(text: str) -> list[str]:
     return parts
 
 
-def _numbers(group: str) -> list[str]:
-    """``01-03,7`` -> ``["01", "02", "03", "7"]`` (each range padded to its lower bound's width)."""
-    out: list[str] = []
+def _ranges(group: str) -> list[tuple[int, int, int]]:
+    """``01-03,7`` -> ``[(1, 3, 2), (7, 7, 1)]``: (low, high, width of the lower bound); nothing expanded."""
+    out: list[tuple[int, int, int]] = []
     for item in group.split(","):
         match = _RANGE.match(item.strip())
-        if not match:
-            raise HostlistError(f"bad range {item!r} in [{group}]")
-        low, high = match.group(1), match.group(2) or match.group(1)
-        if int(high) < int(low):
+        low = digits_value(match.group(1)) if match else None
+        high = digits_value(match.group(2) or match.group(1)) if match else None
+        if low is None or high is None:
+            raise HostlistError(f"bad range {item[:40]!r} in a bracket group (at most {MAX_DIGITS} digits)")
+        if high < low:
             raise HostlistError(f"range {item!r} runs backwards")
-        if len(out) + int(high) - int(low) >= MAX_HOSTS:
-            raise HostlistError(f"more than {MAX_HOSTS} hosts")
-        out += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
+        out.append((low, high, len(match.group(1).strip())))  # type: ignore[union-attr]
     return out
 
 
-def _expand_name(name: str) -> list[str]:
+def _pieces(name: str) -> list[object]:
+    """Text and bracket groups, alternately: ``r[1-2]n`` -> ``["r", [(1, 2, 1)], "n"]``."""
     pieces = re.split(r"\[([^\]]*)\]", name)  # text, group, text, group, ..., text
-    choices = [[pieces[i]] if i % 2 == 0 else _numbers(pieces[i]) for i in range(len(pieces))]
+    return [piece if i % 2 == 0 else _ranges(piece) for i, piece in enumerate(pieces)]
+
+
+def _count(pieces: list[object], room: int) -> int:
+    """How many hosts a name stands for; past ``room`` the count stops (it is refused anyway)."""
     total = 1
-    for choice in choices:
-        total *= len(choice)
-        if total > MAX_HOSTS:
-            raise HostlistError(f"more than {MAX_HOSTS} hosts")
-    return ["".join(parts) for parts in itertools.product(*choices)]
+    for piece in pieces:
+        if isinstance(piece, list):
+            total *= sum(high - low + 1 for low, high, _ in piece)
+            if total > room:
+                raise HostlistError(f"more than {MAX_HOSTS} hosts")
+    return total
+
+
+def _expand_name(pieces: list[object]) -> Iterator[str]:
+    choices = [[piece] if isinstance(piece, str) else
+               [str(n).zfill(width) for low, high, width in piece for n in range(low, high + 1)]
+               for piece in pieces]
+    return ("".join(parts) for parts in itertools.product(*choices))
 
 
 def expand(text: str) -> list[str]:
-    """Every host of a compressed list, in SLURM's order (duplicates kept, as ``scontrol`` keeps them)."""
-    hosts: list[str] = []
+    """Every host of a compressed list, in SLURM's order (duplicates kept, as ``scontrol`` keeps them).
+
+    The hosts are counted before any is made, so memory is bounded by :data:`MAX_HOSTS`, whatever
+    the number of names and bracket groups.
+    """
+    names, total = [], 0
     for name in split_top_level(text.strip()):
         name = name.strip()
         if not name:
             raise HostlistError("empty host name")
-        hosts += _expand_name(name)
-        if len(hosts) > MAX_HOSTS:
-            raise HostlistError(f"more than {MAX_HOSTS} hosts")
-    return hosts
+        pieces = _pieces(name)
+        total += _count(pieces, MAX_HOSTS - total)
+        names.append(pieces)
+    return [host for pieces in names for host in _expand_name(pieces)]

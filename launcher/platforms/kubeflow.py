@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Optional
 
 from launcher.cluster import Cluster
-from launcher.errors import ConfigError, shown
+from launcher.errors import ConfigError, digits_value, shown
 from launcher.platforms.base import (
     HostView,
     Platform,
@@ -123,7 +123,10 @@ class KubeflowV1(_Kubeflow):
         if not match:
             raise ConfigError(f"HOSTNAME={shown(pod)} is not a PyTorchJob worker pod name (<job>-worker-<i>): "
                               "the node rank of an elastic job without a Master replica comes from it")
-        rank = node_rank_in(nnodes, int(match["index"]), f"the pod index of {pod}", "PET_NNODES")
+        index = digits_value(match["index"])
+        if index is None:
+            raise ConfigError(f"HOSTNAME={shown(pod)}: the pod index is not a whole number of at most 18 digits")
+        rank = node_rank_in(nnodes, index, f"the pod index of {pod}", "PET_NNODES")
         master = f"{match['job']}-worker-0"
         if endpoint_host != master:
             raise ConfigError(f"PET_RDZV_ENDPOINT={shown(environ['PET_RDZV_ENDPOINT'])} is not on {master} (node 0): "

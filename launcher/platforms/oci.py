@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
+from launcher.filereader import MAX_CONFIG_BYTES, read_bounded
 from launcher.platforms.base import HostView, Platform, node_rank_in, nproc_per_node, whole_number
 
 DEFAULT_PORT = 29400
@@ -41,7 +42,7 @@ def _node_table(nodes: Any, path: str, nnodes: int) -> dict[int, str]:
     for node in nodes:
         rank = node.get("Rank") if isinstance(node, dict) else None
         address = node.get("IPAddress") if isinstance(node, dict) else None
-        if isinstance(rank, str) and rank.strip().isdigit():
+        if isinstance(rank, str) and rank.strip().isdigit() and len(rank.strip()) <= 9:
             rank = int(rank)
         if not isinstance(rank, int) or isinstance(rank, bool) or not isinstance(address, str) or not address:
             raise ConfigError(f"{path}: an entry without a whole-number Rank and an IPAddress: {shown(node)}")
@@ -55,15 +56,14 @@ def _node_table(nodes: Any, path: str, nnodes: int) -> dict[int, str]:
 
 def read_nodes(path: str, nnodes: int) -> tuple[Optional[dict[int, str]], str]:
     """One look at the metadata file: (rank -> address once it lists every node, else None; its state)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
+    data = read_bounded(path, MAX_CONFIG_BYTES, METADATA, missing_ok=True)
+    if data is None:
         return None, "the file does not exist yet"
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    text = data.decode("utf-8", "replace")
     try:
         nodes = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"malformed JSON in {shown(path)}: nested too deeply") from None
     except ValueError:  # being written: a later look sees it whole
         return None, f"not complete JSON yet: {shown(text, 80)}"
     table = _node_table(nodes, path, nnodes)

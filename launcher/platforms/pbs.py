@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from launcher.cluster import Cluster
+from launcher.cluster import Cluster, is_host_name
 from launcher.errors import ConfigError, shown
+from launcher.filereader import MAX_CONFIG_BYTES, read_bounded
 from launcher.platforms.base import HostView, Platform, nproc_per_node
 from launcher.platforms.slurm import PORT_BASE, PORT_SPAN
 
@@ -51,8 +52,8 @@ def find_host(hosts: Sequence[str], current: str, source: str) -> int:
 
 def port_for(job_id: str) -> int:
     """The rendezvous port of a job: ``20000 + digits % 10000`` (``"1234[5].srv"`` -> digits 12345)."""
-    digits = "".join(ch for ch in job_id.split(".")[0] if ch.isdigit())
-    return PORT_BASE + int(digits or "0") % PORT_SPAN
+    digits = "".join(ch for ch in job_id.split(".")[0] if "0" <= ch <= "9")
+    return PORT_BASE + int(digits[-9:] or "0") % PORT_SPAN  # the last digits decide the remainder
 
 
 class Pbs(Platform):
@@ -71,12 +72,12 @@ class Pbs(Platform):
         path = environ.get("PBS_NODEFILE", "").strip()
         if not path:
             raise ConfigError("PBS job without a node file: PBS_NODEFILE is not set")
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                lines = fh.read().splitlines()
-        except OSError as exc:
-            raise ConfigError(f"cannot read PBS_NODEFILE {path}: {exc.strerror}") from None
+        data = read_bounded(path, MAX_CONFIG_BYTES, "PBS_NODEFILE")
+        lines = (data or b"").decode("utf-8", "replace").splitlines()
         hosts = unique_hosts(lines)
+        bad = next((h for h in hosts if not is_host_name(h)), None)
+        if bad is not None:
+            raise ConfigError(f"PBS_NODEFILE {shown(path)}: {shown(bad)} is not a host name")
         if not hosts:
             raise ConfigError(f"PBS_NODEFILE {path} lists no host")
         source = f"PBS_NODEFILE {path}"

@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from launcher.cluster import Cluster
-from launcher.errors import ConfigError, shown
+from launcher.cluster import Cluster, is_host_name
+from launcher.errors import ConfigError, digits_value, shown
 from launcher.platforms.base import HostView, Platform, nproc_per_node, whole_number
 
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -43,7 +43,7 @@ def max_tasks_per_node(text: str, name: str) -> int:
     counts = []
     for item in text.split(","):
         match = _TASK_COUNT.match(item.strip())
-        if not match:
+        if not match or digits_value(match.group(1)) is None:
             raise ConfigError(f"{name} is not a SLURM task layout: {shown(text)}")
         counts.append(int(match.group(1)))
     return max(counts)
@@ -72,6 +72,9 @@ def read_hosts(environ: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
         hosts = hostlist.expand(environ[name])
     except hostlist.HostlistError as exc:
         raise ConfigError(f"{name} is not a SLURM host list ({exc}): {shown(environ[name])}") from None
+    bad = next((h for h in hosts if not is_host_name(h)), None)
+    if bad is not None:
+        raise ConfigError(f"{name}: {shown(bad)} is not a host name: {shown(environ[name])}")
     if len(set(hosts)) != len(hosts):
         duplicate = next(h for h in hosts if hosts.count(h) > 1)
         raise ConfigError(f"{name} names host {duplicate!r} twice: {shown(environ[name])}")

@@ -3,7 +3,7 @@
 Usage::
 
     ddp-launcher simulate --hosts N [--platform P] [--nproc-per-node K] [--workdir DIR]
-        [--job-name NAME] [--fault HOST:SIGNAL:AFTER ...] [--grace-period S]
+        [--job-name NAME] [--fault HOST:KIND:AFTER[:SECONDS] ...] [--grace-period S]
         [--network netns|loopback] [--platform-stop on|off] [--deadline S]
         [SageMaker: --instance-type ml.m5.xlarge --channel NAME=DIR ... --hyperparameters JSON --toolkit]
         [SageMaker SDK 3.x: --sdk v3 --sm-drivers DIR [--code DIR]]
@@ -27,7 +27,7 @@ else ``loopback``, and the log and the summary say so and why):
   Namespaces, bridge and subnet are private to the run (an outer namespace per run): parallel runs
   never collide, and nothing is left afterwards, even when simulate is SIGKILLed. PIDs are the machine's.
 - ``loopback``: every host is 127.0.0.1; ``LAUNCHER_RESOLVE`` maps every name to it (nothing on the
-  machine is edited). No ``partition`` fault.
+  machine is edited). No ``partition`` or ``blip`` fault.
 
 - ``sagemaker``: hosts ``algo-1`` .. ``algo-N``, each an ``/opt/ml`` tree and the ``SM_*`` variables
   (below); started as ``python launch.py <hyperparameters>`` in ``code/``.
@@ -147,6 +147,27 @@ partitioned network: its packets vanish both ways, nobody gets a reset; ``netns`
 launcher, torchrun, the workers, whatever they started) is SIGKILLed at once; with ``loopback``, the
 host's process tree is (its peers then see their connections close).
 
+Transient faults, ``HOST:KIND:AFTER:SECONDS`` (``algo-2:blip:10:5``: 10 s after the host's start, for
+5 s; ``algo-1:pause:step=20:10``): each ends by itself after SECONDS, and a host that lives through it
+is no failure (the summary lists it: ``transient_faults``; ``--platform-stop`` is not triggered):
+
+- ``blip``: the host's link goes down, then up again (no reset: TCP retransmits; ``netns`` only; the
+  master's host too);
+- ``pause``: the host's launcher is SIGSTOPped, then SIGCONTinued (a stalled launcher);
+- ``vmpause``: every process of the host (its network namespace's; with ``loopback``, its process
+  tree) is SIGSTOPped, looked up again until none is new, then SIGCONTinued (a paused VM);
+- ``starve``: every process of the host is moved into a cgroup of the ``cpu`` controller (v1
+  ``cpu.cfs_quota_us``, or v2 ``cpu.max``) made for the fault next to simulate's own, held to 0.1 %
+  of a CPU (1 ms per 1 s), then moved back and the cgroup removed. A keeper process owns the cgroup
+  and undoes it also when simulate dies (even by SIGKILL): a host killed while starved would take
+  minutes to exit. Needs root or a delegated cgroup, else exit 2 at the start;
+- ``saturate``: a busy loop pinned to each CPU the host may run on (its launcher's affinity), started
+  by simulate, SIGKILLed by PID at the end (CPU saturation by other processes).
+
+Every transient fault still on when the run ends (the job ended first, the deadline, a stop signal)
+is ended then; the log names every PID stopped, moved or started, and the cgroup removed. A bad form
+(a transient kind without SECONDS, SECONDS for a signal, SECONDS <= 0) exits 2 with one line.
+
 Standard library only; never imports torch.
 """
 
@@ -160,8 +181,16 @@ from typing import Optional
 
 from launcher import streams
 from launcher.errors import ConfigError
-from launcher.simulate import netns
-from launcher.simulate.config import PROG, Config, Fault, build_config, parse_fault, script_hyperparameters
+from launcher.simulate import faults, netns
+from launcher.simulate.config import (
+    NETNS_FAULTS,
+    PROG,
+    Config,
+    Fault,
+    build_config,
+    parse_fault,
+    script_hyperparameters,
+)
 from launcher.simulate.hosts import builder
 from launcher.simulate.hosts.base import HostSpec, free_port, host_address, write_json
 from launcher.simulate.hosts.sagemaker_env import toolkit_env
@@ -184,10 +213,19 @@ def choose_network(config: Config) -> Config:
         return dataclasses.replace(config, network="netns")
     if config.network == "netns":
         raise ConfigError(f"--network netns: {why}")
-    partition = next((f for f in config.faults if f.kind == "partition"), None)
+    partition = next((f for f in config.faults if f.kind in NETNS_FAULTS), None)
     if partition is not None:
-        raise ConfigError(f"--fault {partition.host}:partition needs network namespaces: {why}")
+        raise ConfigError(f"--fault {partition.host}:{partition.kind} needs network namespaces: {why}")
     return dataclasses.replace(config, network="loopback", network_note=why)
+
+
+def check_faults(config: Config) -> Config:
+    """The faults can be made on this machine; raises :class:`ConfigError` naming the first that cannot."""
+    starve = next((f for f in config.faults if f.kind == "starve"), None)
+    why = faults.starve_unavailable() if starve is not None else None
+    if why is not None:
+        raise ConfigError(f"--fault {starve.host}:starve needs a writable cgroup of the cpu controller: {why}")
+    return config
 
 
 def make_lab(config: Config, specs: Sequence[HostSpec]) -> Optional[netns.Lab]:
@@ -208,7 +246,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """``ddp-launcher simulate``. Returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        config = choose_network(build_config(args, os.getcwd()))
+        config = check_faults(choose_network(build_config(args, os.getcwd())))
         port = free_port()
         specs = builder(config.platform).make_hosts(config, os.environ, port)
     except ConfigError as exc:
@@ -222,7 +260,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         lab = make_lab(config, specs)
     except (OSError, netns.LabError) as exc:
-        sys.stderr.write(f"{PROG}: error: cannot make the hosts' network namespaces: {exc}\n")
+        streams.write(sys.stderr, f"{PROG}: error: cannot make the hosts' network namespaces: {exc}\n")
         return 1
     sim = Simulation(config, specs, lab)
     try:

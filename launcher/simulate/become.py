@@ -20,6 +20,7 @@ and the SageMaker SDK v3 builder (its ``/opt/ml``). Standard library only.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from typing import Callable, Optional
@@ -77,12 +78,20 @@ def hosts_file_text(machine: str, hosts: Sequence[str]) -> str:
 
 
 def machine_hosts() -> str:
-    """This machine's ``/etc/hosts`` text ("" if unreadable)."""
+    """This machine's ``/etc/hosts`` text ("" if unreadable or not a regular file; at most 16 MiB,
+    never blocking: this module runs standalone, so it does what ``launcher.filereader`` does)."""
     try:
-        with open("/etc/hosts", encoding="utf-8", errors="replace") as fh:
-            return fh.read()
+        fd = os.open("/etc/hosts", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, 16 << 20).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
 
 
 # -- run as a script: inside the host's namespaces ------------------------------------------------------

@@ -29,7 +29,12 @@ DEFAULT_INSTANCE_TYPE = "ml.m5.xlarge"
 DEFAULT_GRACE_PERIOD = 5.0
 DEFAULT_DEADLINE = 86400.0  # SageMaker's default MaxRuntimeInSeconds: the platform's own hard stop
 NETWORKS = ("netns", "loopback")
-NETWORK_FAULTS = ("partition", "poweroff")  # faults that are not a signal to the launcher
+NETWORK_FAULTS = ("partition", "poweroff")  # faults that are not a signal to the launcher and do not end
+# Transient faults (HOST:KIND:AFTER:SECONDS): each ends by itself after SECONDS; what each stands for.
+TRANSIENT_FAULTS = {"blip": "network blip", "pause": "stalled launcher", "vmpause": "VM pause",
+                    "starve": "CPU starvation", "saturate": "CPU saturation"}
+NETNS_FAULTS = ("partition", "blip")  # they take a host's link down: only a host of its own has one
+MAX_FAULT_SECONDS = 86400.0
 SCRIPT_KEYS = ("train-script", "train_script")
 MAX_HYPERPARAMETERS, MAX_KEY_CHARS, MAX_VALUE_CHARS = 100, 256, 2500  # CreateTrainingJob's limits
 MAX_DEPTH = 100  # JSON nesting of a value: deeper ones break the JSON writers' recursion down the line
@@ -55,20 +60,29 @@ platforms (each host gets what the platform gives a real node; the manual: launc
 class Fault:
     """A fault of one host, after some time or at a training step: a signal to its launcher
     (``kind`` ``signal``), or ``partition`` (its link goes down) or ``poweroff`` (every process of
-    the host killed at once, the link down first); those two have ``signum`` 0."""
+    the host killed at once, the link down first); those two have ``signum`` 0. A transient fault
+    (a kind of :data:`TRANSIENT_FAULTS`) lasts ``seconds`` and then ends by itself."""
 
     host: str
     signum: int
     after: Optional[float] = None
     step: Optional[int] = None
     kind: str = "signal"
+    seconds: Optional[float] = None  # how long a transient fault lasts
 
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.kind == "signal" else self.kind
 
+    @property
+    def transient(self) -> bool:
+        """True for a fault that ends by itself (the host is expected to survive it)."""
+        return self.kind in TRANSIENT_FAULTS
+
     def meaning(self) -> str:
         """What the fault stands for on a cloud platform."""
+        if self.kind in TRANSIENT_FAULTS:
+            return TRANSIENT_FAULTS[self.kind]
         if self.kind != "signal":
             return {"partition": "network partition", "poweroff": "power loss"}[self.kind]
         return {signal.SIGKILL: "lost instance", signal.SIGTERM: "spot interruption"}.get(
@@ -143,10 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--sdk v3: the sm_drivers channel ModelTrainer uploaded (sm_train.sh, drivers, ...)")
     p.add_argument("--code", default=None, metavar="DIR",
                    help="--sdk v3: the code channel as uploaded (default: the bundle staged from the script)")
-    p.add_argument("--fault", action="append", default=[], metavar="HOST:SIGNAL:AFTER",
-                   help="e.g. algo-2:SIGKILL:5 (lost instance), algo-2:SIGTERM:step=3 (spot), "
-                        "algo-2:partition:5 (its link goes down), algo-2:poweroff:5 (every process of "
-                        "the host killed at once); HOST as the platform names it")
+    p.add_argument("--fault", action="append", default=[], metavar="HOST:KIND:AFTER[:SECONDS]",
+                   help="AFTER is seconds from the host's start or step=N; e.g. algo-2:SIGKILL:5 (lost "
+                        "instance), algo-2:SIGTERM:step=3 (spot), algo-2:partition:5 (its link goes down), "
+                        "algo-2:poweroff:5 (every process of the host killed at once). Transient, for "
+                        "SECONDS, then undone: blip (link down, then up), pause (the launcher SIGSTOPped, "
+                        "then SIGCONT), vmpause (every process of the host stopped), starve (the host's "
+                        "processes held to 0.1%% of a CPU by a cgroup), saturate (a busy loop pinned to "
+                        "each of the host's CPUs), e.g. algo-2:blip:10:5. HOST as the platform names it")
     p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_PERIOD,
                    help="seconds a launcher may take to stop its workers (LAUNCHER_GRACE_PERIOD)")
     p.add_argument("--network", choices=NETWORKS, default=None,
@@ -248,32 +266,51 @@ def parse_signal(text: str) -> int:
     return int(signal.Signals[name])
 
 
+def _fault_seconds(text: str, what: str, value: str, least: float) -> float:
+    """A number of seconds in a ``--fault``: finite, at least ``least`` (above it when ``least`` is 0 for a
+    duration), at most :data:`MAX_FAULT_SECONDS`."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not least <= seconds <= MAX_FAULT_SECONDS or (what == "SECONDS" and seconds == 0):
+        bound = "> 0" if what == "SECONDS" else ">= 0"
+        raise ConfigError(f"--fault {shown(text)}: {what} must be seconds {bound} (at most "
+                          f"{MAX_FAULT_SECONDS:g}){' or step=N' if what == 'AFTER' else ''}: {shown(value)}")
+    return seconds
+
+
 def parse_fault(text: str, hosts: Sequence[str]) -> Fault:
-    """``algo-2:SIGKILL:5``, ``algo-2:SIGTERM:step=3``, ``algo-2:partition:5`` or ``algo-2:poweroff:5``."""
+    """``algo-2:SIGKILL:5``, ``algo-2:SIGTERM:step=3``, ``algo-2:partition:5``, ``algo-2:poweroff:5``, or a
+    transient fault with its duration: ``algo-2:blip:10:5`` (after 10 s, for 5 s), ``algo-2:pause:step=3:5``."""
     parts = text.split(":")
-    if len(parts) != 3:
-        raise ConfigError(f"--fault must be HOST:SIGNAL:AFTER, e.g. algo-2:SIGKILL:5: {text!r}")
-    host, sig, after = parts
+    if len(parts) not in (3, 4):
+        raise ConfigError(f"--fault must be HOST:SIGNAL:AFTER (e.g. algo-2:SIGKILL:5) or HOST:KIND:AFTER:SECONDS "
+                          f"(e.g. algo-2:blip:10:5): {shown(text)}")
+    host, sig, after = parts[:3]
     if host not in hosts:
-        raise ConfigError(f"--fault {text!r}: no host {host!r} (the hosts are {', '.join(hosts[:3])}"
+        raise ConfigError(f"--fault {shown(text)}: no host {shown(host)} (the hosts are {', '.join(hosts[:3])}"
                           f"{', ...' if len(hosts) > 3 else ''})")
-    kind = sig.strip().lower() if sig.strip().lower() in NETWORK_FAULTS else "signal"
+    word = sig.strip().lower()
+    kind = word if word in NETWORK_FAULTS or word in TRANSIENT_FAULTS else "signal"
     try:
         signum = parse_signal(sig) if kind == "signal" else 0
     except (KeyError, ValueError):
-        raise ConfigError(f"--fault {text!r}: unknown signal {sig!r} (or partition, poweroff)") from None
-    try:
-        if after.startswith("step="):
-            step = int(after[len("step="):])
-            if step < 0:
-                raise ValueError
-            return Fault(host, signum, step=step, kind=kind)
-        seconds = float(after)
-        if not seconds >= 0:
-            raise ValueError
-        return Fault(host, signum, after=seconds, kind=kind)
-    except ValueError:
-        raise ConfigError(f"--fault {text!r}: AFTER must be seconds >= 0 or step=N: {after!r}") from None
+        raise ConfigError(f"--fault {shown(text)}: unknown fault {shown(sig)}: a signal, partition, poweroff, "
+                          f"{', '.join(TRANSIENT_FAULTS)}") from None
+    if len(parts) == 3 and kind in TRANSIENT_FAULTS:
+        raise ConfigError(f"--fault {shown(text)}: {kind} lasts SECONDS: HOST:{kind}:AFTER:SECONDS, e.g. "
+                          f"{host}:{kind}:10:5")
+    if len(parts) == 4 and kind not in TRANSIENT_FAULTS:
+        raise ConfigError(f"--fault {shown(text)}: {shown(sig)} takes no duration (only "
+                          f"{', '.join(TRANSIENT_FAULTS)} do)")
+    seconds = _fault_seconds(text, "SECONDS", parts[3], 0.0) if len(parts) == 4 else None
+    if after.startswith("step="):
+        step = after[len("step="):]
+        if not (step.isdigit() and step.isascii() and len(step) <= 9):
+            raise ConfigError(f"--fault {shown(text)}: AFTER must be seconds >= 0 or step=N: {shown(after)}")
+        return Fault(host, signum, step=int(step), kind=kind, seconds=seconds)
+    return Fault(host, signum, after=_fault_seconds(text, "AFTER", after, 0.0), kind=kind, seconds=seconds)
 
 
 def toolkit_command() -> Optional[tuple[str, ...]]:
@@ -443,9 +480,9 @@ def build_config(argv: Sequence[str], cwd: str) -> Config:
     _check_platform(args, job_name)
     hosts = builder(args.platform).host_names(job_name, args.hosts)
     faults = tuple(parse_fault(text, hosts) for text in args.fault)
-    partition = next((f for f in faults if f.kind == "partition"), None)
+    partition = next((f for f in faults if f.kind in NETNS_FAULTS), None)
     if partition is not None and args.network == "loopback":
-        raise ConfigError(f"--fault {partition.host}:partition needs --network netns (every host is "
+        raise ConfigError(f"--fault {partition.host}:{partition.kind} needs --network netns (every host is "
                           "127.0.0.1 with --network loopback)")
     run = {"network": args.network, "platform_stop": args.platform_stop == "on", "deadline": args.deadline}
     if args.platform != "sagemaker":

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Callable, Optional
 
 from launcher import proctree, streams
+from launcher.simulate import faults
 from launcher.simulate.config import Config, Fault
 from launcher.simulate.hosts.base import HostSpec
 
@@ -43,6 +44,8 @@ class ArmedFault:
     due: threading.Event = field(default_factory=threading.Event)
     fired_at: Optional[float] = None
     pattern: Optional[re.Pattern] = None
+    undo: Optional[Callable[[], str]] = None  # a transient fault's end, once it fired
+    ended_at: Optional[float] = None  # when a transient fault ended
 
     def __post_init__(self) -> None:
         if self.fault.step is not None:
@@ -71,7 +74,12 @@ class HostRun:
         return None if rc is None else (128 - rc if rc < 0 else rc)
 
     def fired(self) -> Optional[ArmedFault]:
-        return next((f for f in self.faults if f.fired_at is not None), None)
+        """The first fault that fired and ends the host (a transient one does not)."""
+        return next((f for f in self.faults if f.fired_at is not None and not f.fault.transient), None)
+
+    def transients(self) -> list[ArmedFault]:
+        """The transient faults that fired."""
+        return [f for f in self.faults if f.fired_at is not None and f.fault.transient]
 
 
 def pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, lock: threading.Lock,
@@ -113,6 +121,7 @@ class Simulation:
         self.start = 0.0
         self.marker = proctree.new_marker(MARKER)
         self.watchdog_pid = 0
+        self.watchdog: Optional[proctree.Watchdog] = None  # kills and removes what is left if simulate dies
 
     # -- starting -------------------------------------------------------------------------------
     def _start_host(self, spec: HostSpec) -> HostRun:
@@ -167,6 +176,8 @@ class Simulation:
 
     def _fire(self, run: HostRun, armed: ArmedFault, now: float) -> bool:
         fault = armed.fault
+        if fault.transient:
+            return self._fire_transient(run, armed, now)
         if fault.kind != "signal":
             return self._fire_network_fault(run, armed, now)
         targets = self._targets(run)
@@ -198,6 +209,78 @@ class Simulation:
         log(f"fault: {armed.fault.name} of {name} at {now - self.start:.1f} s ({armed.fault.meaning()}): {what}")
         armed.fired_at = now
         return True
+
+    def _host_pids(self, run: HostRun) -> list[int]:
+        """Every process of the host: its network namespace's (netns), else its process tree."""
+        if self.lab is not None:
+            return self.lab.pids(run.spec.name)
+        return [run.proc.pid, *proctree.descendants([run.proc.pid])]
+
+    def _fire_transient(self, run: HostRun, armed: ArmedFault, now: float) -> bool:
+        """Start a transient fault and keep how it ends (:meth:`_end_transients` calls it after its
+        duration, or at the end of the run)."""
+        fault, name = armed.fault, run.spec.name
+        if fault.kind == "blip" and self.lab is not None:
+            self.lab.partition(name)
+            what, undo = "its link is down", lambda: self._heal(name)
+        elif fault.kind == "pause":
+            targets = self._targets(run)
+            if not targets:
+                return False  # the toolkit has not started the launcher yet: try again next tick
+            stopped = faults.stop_all(lambda: targets)
+            what = f"SIGSTOP to its launcher (pid {', '.join(map(str, stopped))})"
+            undo = lambda: f"SIGCONT to {faults.continue_all(stopped)} process(es)"  # noqa: E731
+        elif fault.kind == "vmpause":
+            stopped = faults.stop_all(lambda: self._host_pids(run))
+            what = f"SIGSTOP to its {len(stopped)} process(es): {', '.join(map(str, stopped))}"
+            undo = lambda: f"SIGCONT to {faults.continue_all(stopped)} process(es)"  # noqa: E731
+        elif fault.kind == "starve":
+            try:
+                quota = faults.CpuQuota(name)
+            except faults.FaultError as exc:
+                log(f"fault: starve of {name} cannot be made: {exc}")
+                armed.fired_at = armed.ended_at = now
+                return True
+            moved = quota.add(lambda: self._host_pids(run))
+            what = (f"its {len(moved)} process(es) in the cgroup {quota.path}, at most "
+                    f"{faults.QUOTA_US / faults.PERIOD_US:.1%} of a CPU")
+            undo = lambda: f"{quota.remove()} process(es) back in {quota.parent}, {quota.path} removed"  # noqa: E731
+        elif fault.kind == "saturate":
+            cpus = faults.host_cpus(run.proc.pid)
+            loops = faults.start_busy_loops(cpus, {**os.environ, MARKER: self.marker.partition("=")[2]})
+            for loop in loops:
+                if self.watchdog is not None:
+                    self.watchdog.guard(loop.pid)
+            what = (f"{len(loops)} busy loop(s), pid {', '.join(str(p.pid) for p in loops)}, pinned to CPU(s) "
+                    f"{', '.join(map(str, sorted(cpus)))}")
+            undo = lambda: f"busy loop(s) {', '.join(map(str, faults.stop_busy_loops(loops)))} killed"  # noqa: E731
+        else:
+            return False  # a blip without namespaces: refused at the start
+        log(f"fault: {fault.kind} of {name} at {now - self.start:.1f} s for {fault.seconds:g} s "
+            f"({fault.meaning()}): {what}")
+        armed.fired_at, armed.undo = now, undo
+        return True
+
+    def _heal(self, name: str) -> str:
+        if self.lab is not None:
+            self.lab.heal(name)
+        return "its link is up again"
+
+    def _end_transients(self, now: float, at_exit: bool = False) -> None:
+        """End every transient fault whose time is up (every one still on, ``at_exit``)."""
+        for run in self.runs:
+            for armed in run.faults:
+                if armed.undo is None or armed.ended_at is not None or armed.fired_at is None:
+                    continue
+                if not at_exit and now - armed.fired_at < (armed.fault.seconds or 0.0):
+                    continue
+                armed.ended_at = now
+                try:
+                    what = armed.undo()
+                except (OSError, faults.FaultError, RuntimeError) as exc:
+                    what = f"its end failed: {exc}"
+                log(f"fault: {armed.fault.kind} of {run.spec.name} ended at {now - self.start:.1f} s, after "
+                    f"{now - armed.fired_at:.1f} s{' (the run ended)' if at_exit else ''}: {what}")
 
     def _fire_due_faults(self, now: float) -> None:
         for run in self.runs:
@@ -269,7 +352,7 @@ class Simulation:
         proctree.become_subreaper()  # orphans of a killed launcher come back to us
         watchdog = proctree.Watchdog()  # forked before any pipe exists: it holds none of them
         watchdog.kill_marked(self.marker)
-        self.watchdog_pid = watchdog.pid
+        self.watchdog_pid, self.watchdog = watchdog.pid, watchdog
         previous = {s: signal.signal(s, self._on_signal)
                     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
@@ -281,6 +364,7 @@ class Simulation:
                 ", ".join(f"{r.spec.name} pid {r.proc.pid}" for r in self.runs))
             self._loop()
         finally:  # also when a host could not be started: nothing of the others may stay
+            self._end_transients(time.monotonic(), at_exit=True)
             keep = [watchdog.pid] + ([self.lab.pid] if self.lab else [])  # the lab's holder: closed by its owner
             leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=keep, marker=self.marker)
             if leftovers:
@@ -299,6 +383,7 @@ class Simulation:
             now = time.monotonic()
             self._handle_signals()
             self._fire_due_faults(now)
+            self._end_transients(now)
             self._collect_exits(now)
             self._enforce_deadlines(now)
             ticks += 1

@@ -7,18 +7,22 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
+from launcher.errors import ConfigError
+from launcher.filereader import read_bounded
 from launcher.simulate.hosts import builder
 from launcher.simulate.run import HostRun, Simulation
+
+FAILURE_FILE_LIMIT = 1 << 20  # a host's failure report is at most the platform's limit (4 KiB)
 
 
 def _first_line(path: Optional[str]) -> str:
     if path is None:
         return ""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.readline().strip()
-    except OSError:
+        data = read_bounded(path, FAILURE_FILE_LIMIT, "") or b""
+    except ConfigError:  # not a regular file, or larger than any report: not the host's report
         return ""
+    return data.decode("utf-8", "replace").partition("\n")[0].strip()
 
 
 def _model_files(model_dir: Optional[str]) -> list[str]:
@@ -43,6 +47,9 @@ def outcome_text(run: HostRun, start: float, user_signal: Optional[int]) -> str:
             f"stopped: {signal.Signals(user_signal).name} from the user"
     else:
         text = "succeeded" if run.exit_code == 0 else "failed"
+    for transient in run.transients():
+        text += (f"; {transient.fault.kind} by --fault at {transient.fired_at - start:.1f} s for "
+                 f"{transient.fault.seconds:g} s ({transient.fault.meaning()})")
     return text + (f", killed {run.killed}" if run.killed else "")
 
 
@@ -54,6 +61,10 @@ def host_report(run: HostRun, start: float, user_signal: Optional[int]) -> dict[
             "duration": round((run.ended or run.started) - run.started, 3),
             "outcome": outcome_text(run, start, user_signal),
             "fault_at": None if run.fired() is None else round(run.fired().fired_at - start, 3),
+            "transient_faults": [{"kind": t.fault.kind, "at": round(t.fired_at - start, 3),
+                                  "seconds": t.fault.seconds,
+                                  "ended": None if t.ended_at is None else round(t.ended_at - start, 3)}
+                                 for t in run.transients()],
             "failure": _first_line(run.spec.failure_file),
             "model_dir": model_dir, "model_files": _model_files(model_dir)}
 

@@ -6,7 +6,7 @@ variables, the steps done, the all-reduced sum, and whether it received SIGTERM.
 ``$SM_MODEL_DIR/model.json``.
 
 Options (others are accepted and only recorded): ``--steps N`` (default 3; 0 = until stopped),
-``--step-sleep S`` (default 0.05), ``--fail-rank R --exit-code C`` (rank R exits C after step 1).
+``--step-sleep S`` (default 0.05), ``--fail-rank R --exit-code C`` (rank R exits C after step 1, at once).
 Every rank prints ``step=N`` after each step. SIGTERM is recorded by a thread at once, even while
 the main thread waits in a collective; the loop then ends with exit code 143.
 """
@@ -102,7 +102,8 @@ def main():
         print(f"step={step} sum={total:g}", flush=True)
         record.save(steps=step, sum=total)
         if args.fail_rank == rank and step == 1:
-            sys.exit(args.exit_code)
+            sys.stdout.flush()  # no interpreter teardown: with the process group alive, gloo's threads
+            os._exit(args.exit_code)  # made it abort now and then (SIGABRT, "terminate called ...")
         stop.wait(args.step_sleep)  # a stop request ends the pause at once
     if stop.is_set():  # only SIGTERM sets it
         record.save(sigterm=True)

@@ -34,7 +34,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from launcher.cluster import Cluster
+from launcher.cluster import Cluster, is_host_name
 from launcher.errors import ConfigError, shown
 from launcher.platforms.base import ArgvPairs, HostView, Platform, nproc_per_node, parse_json, read_json, whole_number
 from launcher.platforms.devices import rdma_drivers
@@ -69,6 +69,8 @@ def _check_hosts(hosts: Any, current: Any, source: str) -> tuple[list[str], str]
     for host in hosts:
         if not isinstance(host, str) or not host.strip():
             raise ConfigError(f"{source}: empty or non-text host name {shown(host)} in {shown(hosts)}")
+        if not is_host_name(host):
+            raise ConfigError(f"{source}: {shown(host)} is not a host name or IP address")
     seen: set[str] = set()
     for host in hosts:
         if host in seen:

@@ -30,6 +30,8 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
+from launcher import streams
+
 ENTRY_POINT = "launch.py"
 PACKAGE = "launcher"
 NOT_SHIPPED = frozenset({"simulate"})  # sub-packages that never run inside a job
@@ -161,9 +163,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (BundleError, OSError) as exc:
         text = str(exc) if isinstance(exc, BundleError) or exc.filename is None else \
             f"{exc.strerror}: {exc.filename!r}"
-        sys.stderr.write(f"{parser.prog}: error: {' '.join(text.split())}\n")
+        streams.write(sys.stderr, f"{parser.prog}: error: {' '.join(text.split())}\n")
         return 2
-    for name in list_bundle(dest):
-        print(name)
-    print(f"entry_point={ENTRY_POINT!r}, source_dir={dest!r}", file=sys.stderr)
+    streams.write(sys.stdout, "".join(f"{name}\n" for name in list_bundle(dest)))
+    streams.write(sys.stderr, f"entry_point={ENTRY_POINT!r}, source_dir={dest!r}\n")
     return 0

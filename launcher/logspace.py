@@ -1,0 +1,213 @@
+"""The disk torchrun's worker logs take under ``$TMPDIR``, bounded while the job runs; a full disk, named.
+
+torchrun's ``--tee`` redirects each worker's stdout and stderr to a file in ``--log-dir`` and tails
+that file (``torch/distributed/elastic/multiprocessing/tail_log.py``: ``open`` + ``readline``) to
+print it with the rank prefix, so every byte a worker prints would stay on disk until the job ends:
+1.1 GB of progress bars left a 1.07 GB file. The files cannot be deleted or truncated: the workers
+write at their own file offsets and the tailer reads at its own.
+
+:class:`LogTrimmer` instead punches holes (``fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)``)
+in what torchrun's tailer has already read: the file keeps its size and every offset stays valid,
+only the blocks are freed. How far the tailer has read is the position of torchrun's read-only
+descriptor on the file (``/proc/PID/fdinfo``). The last :data:`KEEP_BYTES` of each file stay, so
+the root-cause search (the last 256 KiB of a rank's stderr) reads exactly what it would have read.
+A file no descriptor of torchrun reads is left alone. Where the file system cannot punch holes the
+logs grow as before, and the launcher says so once.
+
+A worker can print faster than torchrun copies (its tailer reads a line at a time). A pipe would then
+make the worker wait; here a worker more than :data:`LAG_LIMIT` ahead of the copy is paused (SIGSTOP)
+until torchrun has copied half of that, exactly a pipe's back-pressure with a 32 MiB buffer. A paused
+worker is resumed at once when the job is being stopped, when torchrun itself is frozen, and when
+the trimmer stops. So each log takes at most ``KEEP_BYTES + LAG_LIMIT`` on disk (plus the little a
+worker writes in one trimming period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import threading
+from typing import Callable, Optional
+
+from launcher import proctree
+
+KEEP_BYTES = 1 << 20  # of each log, the last MiB stays on disk (the root-cause search reads 256 KiB)
+LAG_LIMIT = 32 << 20  # bytes of a log torchrun has not copied yet beyond which its worker is paused
+EVERY = 0.25  # seconds between two trims
+EVERY_BEHIND = 0.01  # ... while a log is more than a quarter of LAG_LIMIT behind: a fast writer is caught early
+FREE_MIN = 1 << 20  # a TMPDIR with less free space than this is full: nothing could run from it
+_PUNCH_HOLE_KEEP_SIZE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (linux/falloc.h)
+_BLOCK = 4096
+
+
+def free_bytes(path: str) -> Optional[int]:
+    """Free space for this user on the file system holding ``path`` (None: unknown)."""
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
+def disk_full_note(path: str) -> Optional[str]:
+    """One line saying the file system of ``path`` is full (less than :data:`FREE_MIN` free), else None."""
+    free = free_bytes(path)
+    if free is None or free >= FREE_MIN:
+        return None
+    return (f"the disk of TMPDIR is full ({free >> 10} KiB free at {path}): torchrun and the workers could "
+            "not write their logs and error files there")
+
+
+def _fallocate() -> Optional[Callable[[int, int, int, int], int]]:
+    if not hasattr(os, "sched_getaffinity"):  # not Linux
+        return None
+    import ctypes  # only here: costs a few milliseconds
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+    function.restype = ctypes.c_int
+    return function
+
+
+def _read_positions(pid: int, log_dir: str) -> dict[str, int]:
+    """Path -> the smallest position among ``pid``'s read-only descriptors on a file under ``log_dir``
+    (0 for a file ``pid`` only writes: torchrun has not started copying it yet)."""
+    positions: dict[str, int] = {}
+    written: set[str] = set()
+    prefix = os.path.join(os.path.realpath(log_dir), "")
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if not target.startswith(prefix):
+                    continue
+                with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as fh:
+                    info = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+            except (OSError, ValueError):
+                continue
+            if int(info.get(b"flags", b"0").strip(), 8) & os.O_ACCMODE == os.O_RDONLY:
+                pos = int(info.get(b"pos", b"0").strip())
+                positions[target] = min(pos, positions.get(target, pos))
+            else:  # a worker's own descriptor (torchrun keeps a copy): the worker writes through it
+                written.add(target)
+    return {**dict.fromkeys(written, 0), **positions}
+
+
+class LogTrimmer:
+    """A thread that keeps the worker logs of one torchrun small on disk while it runs."""
+
+    def __init__(self, torchrun_pid: int, log_dir: str, log: Callable[[str], None],
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        self.pid, self.log_dir, self.log, self.stopping = torchrun_pid, log_dir, log, stopping
+        self.punched: dict[str, int] = {}  # path -> bytes from 0 already punched
+        self.paused: dict[int, str] = {}  # worker PID -> the log it is too far ahead in
+        self.pauses = 0
+        self.freed = 0
+        self.behind = 0  # the largest number of bytes a log is ahead of torchrun's copy, at the last trim
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._fallocate = _fallocate()
+        self._thread = threading.Thread(target=self._run, name="log-trimmer", daemon=True)
+        if self._fallocate is not None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        period = EVERY_BEHIND
+        while not self._stop.wait(period):
+            try:
+                with self._lock:
+                    if not self._stop.is_set():
+                        self.trim()
+                period = EVERY_BEHIND if self.behind > LAG_LIMIT // 4 else EVERY
+            except Exception as exc:  # noqa: BLE001 (the job goes on without it; it says so once)
+                self.log(f"stopped bounding the worker logs' disk use: {exc!r}")
+                self._resume_all()
+                return
+
+    def trim(self) -> int:
+        """Punch what torchrun has read of each log, but its last :data:`KEEP_BYTES`; pause or resume
+        the workers too far ahead of torchrun's copy. Returns the bytes freed."""
+        freed = 0
+        positions = _read_positions(self.pid, self.log_dir)
+        lags = {path: _size(path) - pos for path, pos in positions.items()}
+        self.behind = max(lags.values(), default=0)
+        self._pace(lags)
+        for path, pos in positions.items():
+            end = min(pos, _size(path) - KEEP_BYTES) // _BLOCK * _BLOCK  # 0 until torchrun reads it
+            start = self.punched.get(path, 0)
+            if end <= start:
+                continue
+            if not self._punch(path, start, end):
+                return freed
+            self.punched[path] = end
+            freed += end - start
+        self.freed += freed
+        return freed
+
+    def _pace(self, lags: dict[str, int]) -> None:
+        """Pause the writer of a log more than :data:`LAG_LIMIT` ahead; resume it below half of that."""
+        hold = not self.stopping() and proctree.state(self.pid) not in ("T", "t", "Z", None)
+        for pid, path in list(self.paused.items()):
+            if not hold or lags.get(path, 0) < LAG_LIMIT // 2:
+                self._signal(pid, signal.SIGCONT)
+                del self.paused[pid]
+        behind = [path for path, lag in lags.items() if lag > LAG_LIMIT and path not in self.paused.values()]
+        if not hold or not behind:
+            return
+        for pid in proctree.children_of(self.pid):
+            for fd in (1, 2):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") in behind and pid not in self.paused:
+                        self.paused[pid] = os.readlink(f"/proc/{pid}/fd/{fd}")
+                        self._signal(pid, signal.SIGSTOP)
+                        self.pauses += 1
+
+    @staticmethod
+    def _signal(pid: int, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+    def _resume_all(self) -> None:
+        for pid in self.paused:
+            self._signal(pid, signal.SIGCONT)
+        self.paused.clear()
+
+    def _punch(self, path: str, start: int, end: int) -> bool:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return True  # gone (a new attempt's directory replaced it): nothing to free
+        try:
+            if self._fallocate(fd, _PUNCH_HOLE_KEEP_SIZE, start, end - start) != 0:  # type: ignore[misc]
+                import ctypes
+
+                code = ctypes.get_errno()
+                if code in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    self.log(f"the file system of {self.log_dir} cannot punch holes ({os.strerror(code)}): "
+                             "the worker logs keep all output on disk while the job runs")
+                    self._stop.set()
+                    return False
+        finally:
+            os.close(fd)
+        return True
+
+    def stop(self) -> None:
+        """End the thread and resume any paused worker; the logs keep their holes."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        with self._lock:
+            self._resume_all()
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0

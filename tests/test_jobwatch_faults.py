@@ -1,0 +1,149 @@
+"""Transient faults do not stop a job; a host really lost still does (issue 16, §1).
+
+Two SageMaker hosts on namespaced hosts (``simulate --network netns --platform-stop off``: simulate stops
+no host, so what happens is the launchers' own doing), one rank each, tests/scripts/ddp_allreduce.py
+all-reducing every 0.25 s. At the launcher's default settings:
+
+- transient faults (simulate's ``--fault HOST:KIND:step=N:SECONDS``) leave the job running: it trains
+  to its last step after the faults have ended, and every host exits 0: a link down for 2, then 5, then
+  10 s on either host (the master's too), a launcher paused for 5 then 10 s, every process of a host
+  paused for 5 s, a host starved to 0.1 % of a CPU for 10 s, every CPU saturated by busy loops for a
+  minute (one job per kind and host);
+- a host that is really gone (power off, a partition that never heals) still ends the job on every host
+  within the loss timeout + 2 s, every report naming the lost host, exit code 137: those two are in
+  tests/test_jobwatch_netns.py, with the other definite ends (a worker's exit, its SIGKILL).
+
+Every test proves that nothing is left: every process of both hosts (the machine's PIDs, read from their
+network namespaces before the fault), simulate, the lab, the fault's own leftovers (the cgroup, the busy
+loops, by PID). Skipped, with the reason, where network namespaces are not permitted.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import time
+from typing import Any
+
+import pytest
+from conftest import assert_gone, launcher_env
+from test_jobwatch_netns import namespaces_of, wait_record
+from test_simulate import Simulate, job_pids, processes_inside, rank_records, read_json
+from test_simulate_netns import ALLREDUCE, _cmdline, _ppid, machine  # noqa: F401  (machine: a fixture)
+
+from launcher.simulate import faults, netns
+
+WHY_NOT = netns.unavailable()
+pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}"),
+              pytest.mark.usefixtures("machine"), pytest.mark.job, pytest.mark.lab]
+
+STEP_SLEEP = 0.25  # seconds between all-reduces: a cheap DDP loop, 4 collectives a second
+FAULT_STEP = 5  # the fault fires when the faulted host's worker prints this step
+AFTER = 4.0  # seconds of training the job still has when the fault ends (at least)
+
+
+def simulate(tmp_path: Any, name: str, specs: list[str], steps: int, deadline: float) -> tuple[Simulate, str]:
+    workdir = str(tmp_path / name)
+    args = ["--hosts", "2", "--nproc-per-node", "1", "--platform-stop", "off", "--deadline", f"{deadline:g}",
+            "--workdir", workdir, "--job-name", name, *(w for spec in specs for w in ("--fault", spec)),
+            "--", ALLREDUCE, "--steps", str(steps), "--step-sleep", str(STEP_SLEEP)]
+    return Simulate(args, str(tmp_path), launcher_env()), workdir
+
+
+def fault_line(sim: Simulate, text: str, nth: int = 0, timeout: float = 150.0) -> str:
+    """simulate's ``nth`` log line containing ``text``, once it came (polled every 10 ms)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [line for line in list(sim.err) if text in line]
+        if len(found) > nth:
+            return found[nth]
+        assert time.monotonic() < deadline and sim.proc.poll() is None, sim.stderr[-3000:]
+        time.sleep(0.01)
+
+
+def started(sim: Simulate, workdir: str) -> tuple[list[int], list[int], set[int]]:
+    """Both workers running: every process of both hosts, the lab's holder, the namespaces."""
+    wait_record(workdir, "algo-1", 0)
+    wait_record(workdir, "algo-2", 1)
+    inodes = namespaces_of(workdir)
+    processes = netns.namespace_pids(inodes)  # launchers, their watchdogs, torchruns, workers
+    holder = [int(n) for n in os.listdir("/proc") if n.isdigit()
+              and _cmdline(int(n)).endswith("netns.py\0hold\0") and _ppid(int(n)) == sim.proc.pid]
+    assert len(processes) >= 6 and len(holder) == 1, (processes, holder)
+    return processes, holder, inodes
+
+
+def nothing_left(sim: Simulate, workdir: str, processes: list[int], holder: list[int], inodes: set[int]) -> dict:
+    """Every process of both hosts, simulate and the lab are gone; returns the summary."""
+    summary = read_json(os.path.join(workdir, "summary.json"))
+    assert_gone(processes)
+    assert_gone(job_pids(rank_records(workdir, 2), sim.proc.pid, summary))
+    assert_gone([sim.proc.pid, *holder])  # the lab's holder gone: the namespaces are freed
+    assert netns.namespace_pids(inodes) == [] and processes_inside(workdir) == []
+    assert summary["network"] == "netns" and not summary["deadline_reached"], sim.stderr[-3000:]
+    if faults.starve_unavailable() is None:  # no cgroup of this run is left
+        parent = faults.cgroup_parent()[1]
+        assert glob.glob(os.path.join(parent, f"ddp-simulate-{sim.proc.pid}-*")) == []
+    return summary
+
+
+# ------------------------------------------------------------------------------------------------
+# Transient faults: the job survives
+# ------------------------------------------------------------------------------------------------
+# One job per kind and host; several lengths of a kind come one after the other in the same job (a real
+# job meets several blips), each AFTER s of training after the end of the one before.
+TRANSIENT = [("blip", "algo-1", (2, 5, 10)), ("blip", "algo-2", (2, 5, 10)), ("pause", "algo-1", (5, 10)),
+             ("pause", "algo-2", (5, 10)), ("vmpause", "algo-1", (5,)), ("vmpause", "algo-2", (5,)),
+             ("starve", "algo-1", (10,)), ("starve", "algo-2", (10,)), ("saturate", "algo-2", (60,))]
+STALLING = ("blip", "vmpause", "starve")  # the workers wait in a collective while it lasts
+
+
+def fault_steps(kind: str, lengths: tuple[int, ...]) -> tuple[list[int], int]:
+    """The step at which each fault fires, and the job's number of steps: after each fault the job trains
+    at least AFTER s more (the steps go on during a fault unless it stalls the workers)."""
+    triggers, step = [], FAULT_STEP
+    for seconds in lengths:
+        triggers.append(step)
+        step += int(((0 if kind in STALLING else seconds) + AFTER) / STEP_SLEEP)
+    return triggers, step
+
+
+@pytest.mark.parametrize("kind,host,lengths", TRANSIENT,
+                         ids=[f"{k}-{h}-{'-'.join(map(str, s))}s" for k, h, s in TRANSIENT])
+def test_transient_faults_the_job_survives_and_every_host_exits_0(tmp_path: Any, kind: str, host: str,
+                                                                   lengths: tuple[int, ...]) -> None:
+    if kind == "starve" and faults.starve_unavailable() is not None:
+        pytest.skip(f"no CPU quota here: {faults.starve_unavailable()}")
+    triggers, steps = fault_steps(kind, lengths)
+    specs = [f"{host}:{kind}:step={step}:{seconds}" for step, seconds in zip(triggers, lengths)]
+    sim, workdir = simulate(tmp_path, f"{kind}-{host}", specs, steps, deadline=sum(lengths) + 300)
+    try:
+        processes, holder, inodes = started(sim, workdir)
+        fired = [fault_line(sim, f"fault: {kind} of {host} at ", nth=i) for i in range(len(lengths))]
+        ended = [fault_line(sim, f"fault: {kind} of {host} ended at ", nth=i, timeout=seconds + 150)
+                 for i, seconds in enumerate(lengths)]
+        code = sim.finish()
+    finally:
+        if sim.proc.poll() is None:
+            sim.abort()
+    summary = nothing_left(sim, workdir, processes, holder, inodes)
+    if kind == "saturate":  # the busy loops, by their PIDs
+        loops = [int(p) for p in re.findall(r"\d+", fired[0].split("pid ")[1].split(", pinned")[0])]
+        assert len(loops) >= 1 and f"busy loop(s) {', '.join(map(str, loops))} killed" in ended[0], (fired, ended)
+        assert_gone(loops)
+    hosts = {h["host"]: h for h in summary["hosts"]}
+    assert code == 0 and [h["exit_code"] for h in hosts.values()] == [0, 0], sim.stderr[-4000:]
+    transient = hosts[host]["transient_faults"]
+    assert [(t["kind"], t["seconds"]) for t in transient] == [(kind, s) for s in lengths], hosts[host]
+    for t in transient:
+        assert t["seconds"] <= t["ended"] - t["at"] <= t["seconds"] + 2, transient  # simulate turns every 50 ms
+    for name, h in hosts.items():  # the job went on after the last fault, to its last step, on every host
+        assert h["ended"] > transient[-1]["ended"] + 1, (name, h, transient)
+        assert h["failure"] == "" and not os.path.exists(os.path.join(workdir, name, "output", "failure"))
+    records = rank_records(workdir, 2)
+    assert [r["steps"] for recs in records.values() for r in recs] == [steps, steps], records
+    assert os.path.exists(os.path.join(workdir, "algo-1", "model", "model.json"))
+    last = max(h["ended"] for h in hosts.values())
+    print(f"\n{kind} of {host} for {', '.join(map(str, lengths))} s: survived, {steps} steps, the job ended "
+          f"{last - transient[-1]['ended']:.1f} s after the last fault ended ({last:.1f} s in all)")
