@@ -298,7 +298,7 @@ def validate_outcome(path: str) -> dict:
 def every_outcome_file_matches_the_schema(request: pytest.FixtureRequest):
     """After every test that used ``tmp_path``: every outcome file its real runs wrote is valid."""
     yield
-    tmp = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
+    tmp = (getattr(request.node, "funcargs", None) or {}).get("tmp_path")
     if tmp is not None and os.path.isdir(tmp):
         for path in outcome_files(str(tmp)):
             validate_outcome(path)
