@@ -109,7 +109,8 @@ def outcome_data(verdict: Verdict, clock: Clock, host: Optional[str], node_rank:
         "class": verdict.klass,
         "exit_code": verdict.code,
         "infrastructure": verdict.klass in codes.INFRASTRUCTURE,
-        "host": host, "node_rank": node_rank, "nnodes": nnodes, "platform": platform,
+        "host": host, "node_rank": None if node_rank is not None and node_rank < 0 else node_rank,  # < 0: no node
+        "nnodes": nnodes, "platform": platform,
         "rank": verdict.rank, "local_rank": verdict.local_rank, "signal": verdict.signal,
         "root_cause": verdict.root_cause[:1000], "exception": verdict.exception[:1000],
         "root_cause_host": verdict.root_cause_host,
