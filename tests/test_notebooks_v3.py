@@ -375,6 +375,7 @@ def test_a_stop_signal_reaches_the_launcher_under_the_drivers(odd_submission, en
 
 
 @pytest.mark.notebook
+@pytest.mark.lab
 def test_sdk_v3_fails_a_job_whose_hyperparameter_holds_a_single_quote(odd_submission, endpoint, tmp_path):  # noqa: F811
     """A known limit of the SDK (sagemaker-train 1.27), not of the launcher: environment.py writes
     ``export SM_HPS='...'`` unescaped, so ``source`` of that file fails and the job ends with exit 2
