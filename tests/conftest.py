@@ -257,7 +257,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if record:
         with open(record, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"test": item.nodeid, "tiers": sorted(guard.found), "marked": sorted(marked)}) + "\n")
-    missing = {t: argv for t, argv in guard.found.items() if t not in marked}
+    # A test with any tier mark is already outside make test-fast: an incomplete set of marks only narrows
+    # `-m job|lab|notebook` selections, so it is failed only where it would slip into the fast tier.
+    missing = {} if marked else {t: argv for t, argv in guard.found.items() if t not in marked}
     report = outcome.get_result()
     if missing and report.outcome == "passed" and not record:
         report.outcome = "failed"
