@@ -289,7 +289,9 @@ def test_poweroff_kills_every_process_of_the_host_at_once(tmp_path: Any, machine
     assert hosts["algo-2"]["outcome"].startswith("lost: poweroff by --fault")
     assert hosts["algo-2"]["failure"] == ""  # its launcher had no moment to write a report
     assert [r["sigterm"] for r in records["algo-2"]] == [False, False]  # nothing was stopped politely
-    assert hosts["algo-1"]["outcome"] == "stopped by simulate after algo-2 was lost"
+    # (the job watch waits the 30 s loss timeout for a silent host, so simulate's stop comes first and, with
+    # algo-1's workers blocked in a collective, may have to kill after its own grace period)
+    assert hosts["algo-1"]["outcome"].startswith("stopped by simulate after algo-2 was lost")
     print(f"\npoweroff of algo-2: {len(killed)} processes SIGKILLed at once; the job ended "
           f"{summary['fault_to_last_exit']:.1f} s after the fault")
 
