@@ -18,8 +18,10 @@ A worker can print faster than torchrun copies (its tailer reads a line at a tim
 make the worker wait; here a worker more than :data:`LAG_LIMIT` ahead of the copy is paused (SIGSTOP)
 until torchrun has copied half of that, exactly a pipe's back-pressure with a 32 MiB buffer. A paused
 worker is resumed at once when the job is being stopped, when torchrun itself is frozen, and when
-the trimmer stops. So each log takes at most ``KEEP_BYTES + LAG_LIMIT`` on disk (plus the little a
-worker writes in one trimming period).
+the trimmer stops. So each log takes at most ``KEEP_BYTES + LAG_LIMIT`` on disk, plus what a worker
+writes between two looks: the trimmer reads torchrun's descriptors every :data:`EVERY` but stats the
+logs every :data:`CHECK_EVERY`, and trims at once a log that grew fast (a worker writing into the page
+cache at 4 GB/s wrote 1 GB in one 0.25 s period before this check existed).
 """
 
 from __future__ import annotations
@@ -29,14 +31,16 @@ import errno
 import os
 import signal
 import threading
+import time
 from typing import Callable, Optional
 
 from launcher import proctree
 
 KEEP_BYTES = 1 << 20  # of each log, the last MiB stays on disk (the root-cause search reads 256 KiB)
 LAG_LIMIT = 32 << 20  # bytes of a log torchrun has not copied yet beyond which its worker is paused
-EVERY = 0.25  # seconds between two trims
-EVERY_BEHIND = 0.01  # ... while a log is more than a quarter of LAG_LIMIT behind: a fast writer is caught early
+EVERY = 0.25  # seconds between two trims (reading torchrun's descriptors in /proc) ...
+CHECK_EVERY = 0.02  # ... and between two looks at the logs' sizes: a log that grew by GROWTH is trimmed at once,
+GROWTH = LAG_LIMIT // 4  # as is every log while one lags or none is known yet (a worker can write 4 GB/s)
 FREE_MIN = 1 << 20  # a TMPDIR with less free space than this is full: nothing could run from it
 _PUNCH_HOLE_KEEP_SIZE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (linux/falloc.h)
 _BLOCK = 4096
@@ -110,6 +114,7 @@ class LogTrimmer:
         self.pauses = 0
         self.freed = 0
         self.behind = 0  # the largest number of bytes a log is ahead of torchrun's copy, at the last trim
+        self.sizes: dict[str, int] = {}  # path -> its size at the last trim
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._fallocate = _fallocate()
@@ -118,24 +123,34 @@ class LogTrimmer:
             self._thread.start()
 
     def _run(self) -> None:
-        period = EVERY_BEHIND
-        while not self._stop.wait(period):
+        next_trim = 0.0
+        while not self._stop.wait(CHECK_EVERY):
+            now = time.monotonic()
+            if now < next_trim and not self._grown():
+                continue
             try:
                 with self._lock:
                     if not self._stop.is_set():
                         self.trim()
-                period = EVERY_BEHIND if self.behind > LAG_LIMIT // 4 else EVERY
             except Exception as exc:  # noqa: BLE001 (the job goes on without it; it says so once)
                 self.log(f"stopped bounding the worker logs' disk use: {exc!r}")
                 self._resume_all()
                 return
+            # often while torchrun's copy lags or no log is known yet (a new attempt's worker may be printing)
+            fast = self.behind > LAG_LIMIT // 4 or not self.sizes
+            next_trim = now + (CHECK_EVERY if fast else EVERY)
+
+    def _grown(self) -> bool:
+        """Whether a known log grew by more than :data:`GROWTH` since the last trim (a stat per log: cheap)."""
+        return any(_size(path) - size > GROWTH for path, size in self.sizes.items())
 
     def trim(self) -> int:
         """Punch what torchrun has read of each log, but its last :data:`KEEP_BYTES`; pause or resume
         the workers too far ahead of torchrun's copy. Returns the bytes freed."""
         freed = 0
         positions = _read_positions(self.pid, self.log_dir)
-        lags = {path: _size(path) - pos for path, pos in positions.items()}
+        self.sizes = {path: _size(path) for path in positions}
+        lags = {path: self.sizes[path] - pos for path, pos in positions.items()}
         self.behind = max(lags.values(), default=0)
         self._pace(lags)
         for path, pos in positions.items():

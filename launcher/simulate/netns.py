@@ -31,6 +31,7 @@ takes the host's name and hosts file and becomes the command.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -95,8 +96,19 @@ def namespace_pids(inodes: Iterable[int]) -> list[int]:
 
 
 def kill_namespaces(inodes: Sequence[int]) -> list[int]:
-    """SIGKILL every process in these network namespaces, all in one pass, again until none is left
-    (a process forked meanwhile is in the namespace too). Returns the PIDs killed."""
+    """End every process in these network namespaces at once, as a power loss does: all are stopped
+    (SIGSTOP) until no new one appears, then all are SIGKILLed. Killed one by one, a process that
+    outlived its parent by a moment could react (torchrun's parent-death SIGTERM reaching its workers).
+    Returns the PIDs killed."""
+    stopped: list[int] = []
+    for _ in range(100):  # a process forked meanwhile is in the namespace too
+        fresh = [pid for pid in namespace_pids(inodes) if pid != os.getpid() and pid not in stopped]
+        if not fresh:
+            break
+        for pid in fresh:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
     killed: list[int] = []
     for _ in range(100):
         pids = [pid for pid in namespace_pids(inodes) if pid != os.getpid()]

@@ -114,8 +114,11 @@ def main():
         print(f"step={step} sum={total:g}", flush=True)
         record.save(steps=step, sum=total)
         if args.fail_rank == rank and step == 1:
-            sys.stdout.flush()  # no interpreter teardown: with the process group alive, gloo's threads
-            os._exit(args.exit_code)  # made it abort now and then (SIGABRT, "terminate called ...")
+            sys.stdout.flush()
+            if args.abort_at_exit:  # the script asks for its code, then teardown aborts (the atexit handler)
+                sys.exit(args.exit_code)
+            os._exit(args.exit_code)  # no teardown: with the process group alive, gloo's threads made it
+            # abort now and then (SIGABRT, "terminate called ...")
         stop.wait(args.step_sleep)  # a stop request ends the pause at once
     if stop.is_set():  # only SIGTERM sets it
         record.save(sigterm=True)
