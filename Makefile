@@ -37,7 +37,7 @@ slurm-packages:
 
 test: $(STAMP) $(STAMP_V3) slurm-packages
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # The tests that start no training job (torchrun), lab (SLURM, network namespaces) or notebook: under 2
 # minutes on 2 cores, no .venv-v3 needed (tests/conftest.py fails a test that starts one unmarked).
