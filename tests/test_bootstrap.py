@@ -8,6 +8,7 @@ exit statuses and what reaches stderr. Then the record: the code survives a cras
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -65,13 +66,14 @@ if __name__ == "__main__":
 '''
 
 
-def run(tmp_path, script: str, *args: str, bootstrap: bool, stderr_file: bool = False):
-    """``python [bootstrap.py] script args`` from ``tmp_path``: (status, stdout, stderr, the record)."""
-    exits = tmp_path / ("exits-b" if bootstrap else "exits-p")
+def run(tmp_path, script: str, *args: str, bootstrap: bool, stderr_file: bool = False, tag: str = ""):
+    """``python [bootstrap.py] script args`` from ``tmp_path``: (status, stdout, stderr, the record).
+    Runs with different ``tag`` values may go at the same time."""
+    exits = tmp_path / (("exits-b" if bootstrap else "exits-p") + tag)
     exits.mkdir(exist_ok=True)
     env = launcher_env(**{EXIT_DIR_VARIABLE: str(exits)})
     argv = [PYTHON, *([BOOTSTRAP] if bootstrap else []), script, *args]
-    err_path = tmp_path / "stderr.log"
+    err_path = tmp_path / f"stderr{tag}.log"
     with open(err_path, "w") as err:
         proc = subprocess.run(argv, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, text=True, timeout=300,
                               stderr=err if stderr_file else subprocess.PIPE)
@@ -89,9 +91,12 @@ def test_the_script_sees_what_plain_python_gives_it(tmp_path):
     (project / "helper.py").write_text("VALUE = 'sibling'\n")
     (project / "probe.py").write_text('"""The probe."""\n' + PROBE)
     (tmp_path / "link.py").symlink_to(project / "probe.py")  # sys.path[0]: the real directory
+    cases = [(script, bootstrap) for script in ("project/probe.py", "link.py") for bootstrap in (False, True)]
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:  # each run starts pools: all at once
+        done = dict(zip(cases, pool.map(lambda case: run(tmp_path, case[0], "3", "a b", bootstrap=case[1],
+                                                         tag=f"-{cases.index(case)}"), cases)))
     for script in ("project/probe.py", "link.py"):
-        plain = run(tmp_path, script, "3", "a b", bootstrap=False)
-        boot = run(tmp_path, script, "3", "a b", bootstrap=True)
+        plain, boot = done[script, False], done[script, True]
         assert plain[0] == boot[0] == 3, boot[2][-3000:]
         assert plain[1] == boot[1]  # every fact, then "atexit ran"
         facts = json.loads(boot[1].splitlines()[0])
