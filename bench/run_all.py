@@ -16,6 +16,8 @@ BENCHMARKS = (
     ["bench_train_throughput.py", "--rounds", "5", "--variants"],
     ["bench_faults.py", "--rounds", "3"],
     ["bench_watch_scale.py", "--rounds", "3"],
+    ["bench_watch_end.py", "--rounds", "30"],
+    ["bench_hangs.py", "--rounds", "20"],
 )
 
 if __name__ == "__main__":
