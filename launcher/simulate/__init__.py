@@ -197,12 +197,12 @@ from launcher.simulate.config import (
     Fault,
     build_config,
     parse_fault,
-    script_hyperparameters,
 )
 from launcher.simulate.hosts import builder
 from launcher.simulate.hosts.base import HostSpec, free_port, host_address, write_json
 from launcher.simulate.hosts.sagemaker_env import toolkit_env
 from launcher.simulate.hosts.sagemaker_files import encode_hyperparameters
+from launcher.simulate.hosts.sagemaker_options import script_hyperparameters
 from launcher.simulate.run import Simulation, log
 from launcher.simulate.summary import format_summary, job_report
 
@@ -263,7 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     network = "netns: each host its own namespaces on a private bridge" if config.network == "netns" else \
         f"loopback: every host is 127.0.0.1{f' ({config.network_note})' if config.network_note else ''}"
     log(f"{config.platform} job {config.job_name}: {len(specs)} host(s) in {config.workdir}, master "
-        f"{specs[0].name} ({host_address(config, 0)}):{port}{', through AWS toolkit' if config.toolkit else ''}"
+        f"{specs[0].name} ({host_address(config, 0)}):{port}{config.options.started_through()}"
         f"; network {network}")
     try:
         lab = make_lab(config, specs)
