@@ -17,6 +17,11 @@ builder in ``launcher/simulate/hosts/`` cites the platform's source); the launch
 find its platform by itself (simulate never sets ``LAUNCHER_PLATFORM``). Host names are the
 platform's; how they resolve depends on the network (below).
 
+The options every platform has make the neutral job description (:mod:`launcher.simulate.config`); a
+platform's own options are declared and checked by its builder (``add_options``, ``check_options``:
+SageMaker's in :mod:`launcher.simulate.hosts.sagemaker_options`, ``--kubeflow-legacy`` in the Kubeflow
+builder), shown by ``--help`` in a group per platform, and refused (exit 2) with another ``--platform``.
+
 Network (``--network``; default ``netns`` where permitted: root, or unprivileged user namespaces;
 else ``loopback``, and the log and the summary say so and why):
 
