@@ -156,7 +156,8 @@ def build_parser() -> _Parser:
                         "LAUNCHER_NPROC_PER_NODE; default: the platform's or the launcher's, 1 on CPU)")
     p.add_argument("--workdir", default=None, help="where the hosts' trees go (default ./runs/JOB)")
     p.add_argument("--job-name", default=None,
-                   help="the job's name, in its host names and TRAINING_JOB_NAME (default simulate-<time>)")
+                   help="the job's name, in its host names and the platform's job variables (default "
+                        "simulate-<time>)")
     p.add_argument("--fault", action="append", default=[], metavar="HOST:KIND:AFTER[:SECONDS]",
                    help="AFTER is seconds from the host's start or step=N; e.g. algo-2:SIGKILL:5 (lost "
                         "instance), algo-2:SIGTERM:step=3 (spot), algo-2:partition:5 (its link goes down), "

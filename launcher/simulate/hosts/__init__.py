@@ -5,6 +5,7 @@ A builder module defines ``NAME``, ``SUMMARY_NOTE`` (the summary's last words on
 ``host_names(job_name, count)`` and ``make_hosts(config, environ, port)``, and may define:
 
 - ``HOSTS_HELP``: its line of ``simulate --help``'s platform list (default: its docstring's first line);
+  ``SCRIPT_WORDS``: what the words after ``--`` are, when more than ``script.py args...``;
 - its own command-line options, as TorchX's schedulers declare ``run_opts``: ``add_options(parser)``
   adds them as an argument group, each with a default that means "not given" (None, False or []);
   ``check_options(args, hosts, job_name, words, cwd)`` checks them (a ``ConfigError`` is exit 2) and
