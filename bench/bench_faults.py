@@ -45,6 +45,8 @@ from typing import Callable, Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchlib import clean_env, is_alive  # noqa: E402  (bench/ is the script's directory)
+
 from launcher import proctree  # noqa: E402  (after the path is set)
 from launcher.simulate import faults, netns  # noqa: E402
 
@@ -60,23 +62,8 @@ CONTENDERS = {"launcher": "launcher (job watch)", "static": "torchrun static", "
 PORT = 29500  # inside the lab's private namespaces: no clash with anything on the machine
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without another job's variables, the repository importable."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SM_", "LAUNCHER_", "SAGEMAKER_", "TORCHELASTIC_", "PET_"))}
-    env["PYTHONPATH"] = REPO
-    env.update(extra)
-    return env
 
 
-def is_alive(pid: int) -> bool:
-    """True if the process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
 
 
 def steps_done(directory: str, rank: int) -> int:

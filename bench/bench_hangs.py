@@ -32,6 +32,8 @@ from typing import Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchlib import clean_env  # noqa: E402  (bench/ is the script's directory)
+
 from launcher import proctree  # noqa: E402  (after the path is set)
 from launcher.simulate import netns  # noqa: E402
 
@@ -42,13 +44,6 @@ MODES = {"skip": "wait_for_peer", "loop": "spin", "read": "read_input"}
 PORT = 29500
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without another job's variables, the repository importable."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SM_", "LAUNCHER_", "SAGEMAKER_", "TORCHELASTIC_", "PET_"))}
-    env["PYTHONPATH"] = REPO
-    env.update(extra)
-    return env
 
 
 def line_of(mark: str) -> int:

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from typing import Callable, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+from benchlib import clean_env, free_port  # noqa: E402  (bench/ is the script's directory)
 
 from launcher import proctree  # noqa: E402  (after the path is set)
 
@@ -45,19 +46,8 @@ WORKLOADS = {"short (3 steps)": ["--steps", "3", "--step-sleep", "0.01"],
              "about 5 s (50 steps x 0.1 s)": ["--steps", "50", "--step-sleep", "0.1"]}
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without another job's variables, the repository importable."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SM_", "LAUNCHER_", "SAGEMAKER_", "TORCHELASTIC_", "PET_"))}
-    env["PYTHONPATH"] = REPO
-    env.update(extra)
-    return env
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def timed(argv: Sequence[str], env: dict[str, str], cwd: str) -> float:

@@ -12,6 +12,7 @@ names every module and only modules that exist):
 - ``options``: the launcher's own options (flags, ``LAUNCHER_*``, a platform's own argv form) and ``--help``.
 - ``errors``: ``ConfigError`` (bad input: exit 2, one line), how a bad value is quoted, bounded numbers.
 - ``filereader``: every input file read as a regular file, bounded, never blocking (FIFOs, devices refused).
+- ``filewriter``: the failure report and the outcome file written atomically (the old file or the whole new one).
 - ``platforms/``: the registry of cluster types in detection order, and ``choose()``.
 
   - ``platforms/base``: the ``Platform`` interface, ``HostView`` and the small readers platforms share.

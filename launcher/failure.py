@@ -36,6 +36,7 @@ from launcher.codes import RENDEZVOUS_CODE
 from launcher.command import Launch
 from launcher.errors import ConfigError
 from launcher.filereader import read_bounded
+from launcher.filewriter import replace_file
 from launcher.outcome import Outcome
 
 REPORT_LIMIT = 1024  # SageMaker shows the first 1024 characters of output/failure
@@ -414,50 +415,11 @@ def _encoded(report: str, limit: int) -> bytes:
     return data[:limit].decode("utf-8", "ignore").encode("utf-8") if len(data) > limit else data
 
 
-def _write_in_place(path: str, data: bytes) -> None:
-    """Overwrite an existing file that cannot be replaced (a bind-mounted file): never truncated first."""
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        if os.write(fd, data) != len(data):
-            raise OSError(f"short write to {path}")
-        os.ftruncate(fd, len(data))
-    finally:
-        os.close(fd)
-
-
 def write_failure_file(path: str, report: str, limit: int = REPORT_LIMIT) -> Optional[str]:
-    """Write the report's first ``limit`` bytes to ``path`` atomically; never raises.
-
-    A temporary file in the same directory replaces ``path``, so readers see the old file or the
-    whole new one, never an empty or partial one. A file that cannot be replaced but exists (a
-    bind mount) is overwritten in place. Returns None when written, else why not (one line).
-    """
-    import tempfile  # only after a failure
-
-    data = _encoded(report, limit)
-    try:
-        directory = os.path.dirname(path) or "."
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".failure.", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except (OSError, ValueError) as exc:
-        if not os.path.isfile(path):
-            return f"{type(exc).__name__}: {exc}"
-        try:
-            _write_in_place(path, data)
-        except OSError as again:
-            return f"{type(exc).__name__}: {exc}; in place: {type(again).__name__}: {again}"
-    return None
+    """Write the report's first ``limit`` bytes to ``path`` atomically (:func:`launcher.filewriter.replace_file`:
+    readers see the old file or the whole new one; a bind-mounted file is overwritten in place); never
+    raises. Returns None when written, else why not (one line)."""
+    return replace_file(path, _encoded(report, limit), ".failure.")
 
 
 def print_report(report: str, notes: Sequence[str] = ()) -> None:

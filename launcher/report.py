@@ -13,15 +13,14 @@ from an exit code that two classes can share.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional
 
 from launcher import __version__, codes, failure
+from launcher.filewriter import replace_file
 from launcher.outcome import Outcome
 
 SCHEMA = "ddp-launcher-outcome/1"
@@ -123,31 +122,12 @@ def outcome_data(verdict: Verdict, clock: Clock, host: Optional[str], node_rank:
 
 
 def write_outcome(path: str, data: Mapping[str, Any]) -> Optional[str]:
-    """Write ``data`` as JSON to ``path`` atomically (a temporary file renamed over it); never raises.
+    """Write ``data`` as JSON to ``path`` atomically (:func:`launcher.filewriter.replace_file`); never raises.
 
     Returns None when written, else why not (one line).
     """
-    import tempfile
-
     text = json.dumps(data, indent=2, ensure_ascii=True) + "\n"
-    try:
-        directory = os.path.dirname(path) or "."
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".outcome.", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="ascii") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except (OSError, ValueError) as exc:
-        return f"{type(exc).__name__}: {exc}"[:300]
-    return None
+    return replace_file(path, text.encode("ascii"), ".outcome.")
 
 
 def own_verdict(klass: str, code: int, outcome: Outcome, cause: Any, text: str, host: str) -> Verdict:

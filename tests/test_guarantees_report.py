@@ -287,17 +287,26 @@ def _in_mount_namespace(script: str, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, env=launcher_env())
 
 
-def test_a_bind_mounted_file_is_overwritten_in_place(tmp_path):
+WRITERS = {  # every file a platform reads while the launcher may write it: one writer (launcher/filewriter.py)
+    "failure": ("from launcher import failure; import sys; "
+                "print(failure.write_failure_file(sys.argv[1], 'new report', 4096))",
+                "new report"),
+    "outcome": ("from launcher import report; import sys; print(report.write_outcome(sys.argv[1], {'new': 1}))",
+                '{\n  "new": 1\n}\n'),
+}
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_a_bind_mounted_file_is_overwritten_in_place(tmp_path, writer):
     """Kubernetes' /dev/termination-log is a bind-mounted file: it cannot be replaced, only written."""
     target, source = tmp_path / "termination-log", tmp_path / "host-file"
     target.write_text("")
-    source.write_text("old text that is longer than the report")
-    code = ("from launcher import failure; import sys; "
-            "print(failure.write_failure_file(sys.argv[1], 'new report', 4096))")
+    source.write_text("old text that is longer than what is written now")
+    code, written = WRITERS[writer]
     proc = _in_mount_namespace('mount --bind "$1" "$2" && exec "$3" -c "$4" "$2"',
                                str(source), str(target), PYTHON, code)
     assert proc.returncode == 0 and proc.stdout.strip() == "None", proc.stderr
-    assert source.read_text() == "new report"
+    assert source.read_text() == written
 
 
 def test_print_report_survives_a_closed_or_broken_stderr():

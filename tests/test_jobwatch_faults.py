@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from conftest import assert_gone, launcher_env
-from test_jobwatch_netns import namespaces_of, wait_record
+from test_jobwatch_netns import started
 from test_simulate import Simulate, job_pids, processes_inside, rank_records, read_json
 from test_simulate_netns import ALLREDUCE, _cmdline, _ppid, machine  # noqa: F401  (machine: a fixture)
 
@@ -60,18 +60,6 @@ def fault_line(sim: Simulate, text: str, nth: int = 0, timeout: float = 150.0) -
             return found[nth]
         assert time.monotonic() < deadline and sim.proc.poll() is None, sim.stderr[-3000:]
         time.sleep(0.01)
-
-
-def started(sim: Simulate, workdir: str) -> tuple[list[int], list[int], set[int]]:
-    """Both workers running: every process of both hosts, the lab's holder, the namespaces."""
-    wait_record(workdir, "algo-1", 0)
-    wait_record(workdir, "algo-2", 1)
-    inodes = namespaces_of(workdir)
-    processes = netns.namespace_pids(inodes)  # launchers, their watchdogs, torchruns, workers
-    holder = [int(n) for n in os.listdir("/proc") if n.isdigit()
-              and _cmdline(int(n)).endswith("netns.py\0hold\0") and _ppid(int(n)) == sim.proc.pid]
-    assert len(processes) >= 6 and len(holder) == 1, (processes, holder)
-    return processes, holder, inodes
 
 
 def nothing_left(sim: Simulate, workdir: str, processes: list[int], holder: list[int], inodes: set[int]) -> dict:

@@ -80,19 +80,25 @@ def gone_at(pids: list[int], timeout: float = 120.0) -> float:
     return time.monotonic()
 
 
+def started(sim: Simulate, workdir: str) -> tuple[list[int], list[int], set[int]]:
+    """Both workers running: every process of both hosts, the lab's holder, the namespaces."""
+    wait_record(workdir, "algo-1", 0)
+    wait_record(workdir, "algo-2", 1)
+    inodes = namespaces_of(workdir)
+    processes = netns.namespace_pids(inodes)  # launchers, their watchdogs, torchruns, workers
+    holder = [int(n) for n in os.listdir("/proc") if n.isdigit()
+              and _cmdline(int(n)).endswith("netns.py\0hold\0") and _ppid(int(n)) == sim.proc.pid]
+    assert len(processes) >= 6 and len(holder) == 1, (processes, holder)
+    return processes, holder, inodes
+
+
 def run_fault(tmp_path: Any, name: str, extra: tuple[str, ...], script_args: tuple[str, ...],
               fire: Callable[[Simulate, str], float]) -> dict[str, Any]:
     """Start the job, let ``fire(sim, workdir)`` cause the fault and return when it happened; then wait for
     every process of both hosts and check that nothing is left. Returns what the test checks."""
     sim, workdir = start(tmp_path, name, 2, *base_args(*extra), script_args=script_args)
     try:
-        wait_record(workdir, "algo-1", 0)
-        wait_record(workdir, "algo-2", 1)
-        inodes = namespaces_of(workdir)
-        processes = netns.namespace_pids(inodes)  # launchers, their watchdogs, torchruns, workers
-        holder = [int(n) for n in os.listdir("/proc") if n.isdigit()
-                  and _cmdline(int(n)).endswith("netns.py\0hold\0") and _ppid(int(n)) == sim.proc.pid]
-        assert len(processes) >= 6 and len(holder) == 1, (processes, holder)
+        processes, holder, inodes = started(sim, workdir)
         fault = fire(sim, workdir)
         ended = gone_at(processes) - fault
         code = sim.finish()

@@ -21,7 +21,7 @@ from typing import Any
 import hostlist
 import pytest
 from conftest import PYTHON, REPO, assert_gone, launcher_env, resolve_cluster
-from test_simulate import Simulate, processes_inside, read_json
+from test_simulate_platforms import two_by_two
 
 from launcher import platforms, simulate
 from launcher.errors import ConfigError
@@ -249,18 +249,7 @@ def test_pbs_refused_where_namespaces_are_not_permitted(tmp_path: Any) -> None:
 @pytest.mark.parametrize("platform", ["slurm", pytest.param("pbs", marks=pytest.mark.skipif(
     not namespaces_permitted(), reason="unshare --uts --mount is not permitted here"))])
 def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:
-    records_dir, workdir = tmp_path / "records", str(tmp_path / "job")
-    records_dir.mkdir()
-    sim = Simulate(["--platform", platform, "--hosts", "2", "--nproc-per-node", "2", "--workdir", workdir,
-                    "--job-name", "hj", "--", WORKER, "--steps", "2"], str(tmp_path),
-                   env=launcher_env(WORKER_RECORD_DIR=str(records_dir), OMP_NUM_THREADS="1"))
-    code = sim.finish()
-    summary = read_json(os.path.join(workdir, "summary.json"))
-    records = [read_json(str(records_dir / f"rank{r}.json")) for r in range(4)]
-    pids = {sim.proc.pid, *(h["pid"] for h in summary["hosts"])} | {p for r in records for p in (r["pid"], r["ppid"])}
-    assert_gone(pids)
-    assert processes_inside(workdir) == []
-    assert code == 0, sim.stderr
+    sim, code, summary, records = two_by_two(tmp_path, platform, "hj", OMP_NUM_THREADS="1")
     assert [r["world_size"] for r in records] == [4] * 4 and [r["group_rank"] for r in records] == [0, 0, 1, 1]
     assert any(line.startswith(f"[node1] [ddp-launcher] {platform} host node1: node 0 of 2") for line in sim.err)
     assert any(line.startswith("[node1] [rank0]:rank 0 of 4 done") for line in sim.out), sim.stdout

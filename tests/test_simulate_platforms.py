@@ -247,13 +247,14 @@ def _job_case(platform: str) -> Any:
 @pytest.mark.job
 @pytest.mark.lab
 # SageMaker's 2 x 2 job is tests/test_simulate.py::test_two_hosts_two_processes, which checks all this and more.
-@pytest.mark.parametrize("platform", [_job_case(p) for p in BUILDERS if p not in HPC and p != "sagemaker"])
-def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:
+def two_by_two(tmp_path: Any, platform: str, job_name: str, **env: str) -> tuple[Simulate, int, dict, list[dict]]:
+    """A 2 hosts x 2 processes job of ``platform`` that must succeed, and nothing of it left: simulate, its
+    exit code, its summary, the four ranks' records."""
     records_dir, workdir = tmp_path / "records", str(tmp_path / "job")
     records_dir.mkdir()
     sim = Simulate(["--platform", platform, "--hosts", "2", "--nproc-per-node", "2", "--workdir", workdir,
-                    "--job-name", "pj", "--", WORKER, "--steps", "2"], str(tmp_path),
-                   env=launcher_env(WORKER_RECORD_DIR=str(records_dir)))
+                    "--job-name", job_name, "--", WORKER, "--steps", "2"], str(tmp_path),
+                   env=launcher_env(WORKER_RECORD_DIR=str(records_dir), **env))
     code = sim.finish()
     summary = read_json(os.path.join(workdir, "summary.json"))
     records = [read_json(str(records_dir / f"rank{r}.json")) for r in range(4)]
@@ -261,6 +262,12 @@ def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:
     assert_gone(pids)
     assert processes_inside(workdir) == []
     assert code == 0, sim.stderr
+    return sim, code, summary, records
+
+
+@pytest.mark.parametrize("platform", [_job_case(p) for p in BUILDERS if p not in HPC and p != "sagemaker"])
+def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:
+    sim, code, summary, records = two_by_two(tmp_path, platform, "pj")
     assert [r["world_size"] for r in records] == [4] * 4 and records[0]["group_rank"] == 0
     master = builder(platform).host_names("pj", 2)[0]
     assert any(line.startswith(f"[{master}] [rank0]:rank 0 of 4 done") for line in sim.out), sim.stdout

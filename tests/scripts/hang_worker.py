@@ -71,9 +71,8 @@ def wait_for_peer(rank, world):
 
 
 def spin():
-    count = 0
-    while True:  # for ever: the frame's line is the body's (3.11+: no test is evaluated)
-        count += 1  # at:loop
+    count = 0  # one line for the loop: its backward jump carries the `while` line, and a stack may be taken there
+    while count >= 0: count += 1  # noqa: E701  # at:loop
 
 
 def read_input():
