@@ -244,9 +244,6 @@ def _job_case(platform: str) -> Any:
                         "a simulated host's launcher could not detect its platform"))
 
 
-@pytest.mark.job
-@pytest.mark.lab
-# SageMaker's 2 x 2 job is tests/test_simulate.py::test_two_hosts_two_processes, which checks all this and more.
 def two_by_two(tmp_path: Any, platform: str, job_name: str, **env: str) -> tuple[Simulate, int, dict, list[dict]]:
     """A 2 hosts x 2 processes job of ``platform`` that must succeed, and nothing of it left: simulate, its
     exit code, its summary, the four ranks' records."""
@@ -265,6 +262,9 @@ def two_by_two(tmp_path: Any, platform: str, job_name: str, **env: str) -> tuple
     return sim, code, summary, records
 
 
+@pytest.mark.job
+@pytest.mark.lab
+# SageMaker's 2 x 2 job is tests/test_simulate.py::test_two_hosts_two_processes, which checks all this and more.
 @pytest.mark.parametrize("platform", [_job_case(p) for p in BUILDERS if p not in HPC and p != "sagemaker"])
 def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:
     sim, code, summary, records = two_by_two(tmp_path, platform, "pj")
