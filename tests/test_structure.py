@@ -154,6 +154,8 @@ def test_every_platform_option_lives_in_its_builder() -> None:
                                               "sm_drivers", "code", "instance_groups"), "sagemaker"),
                              "kubeflow_legacy": "kubeflow"}
     config_text = read(os.path.join(PACKAGE, "simulate", "config.py"))
+    neutral = [a.option_strings[0] for a in parser._actions if a.dest not in parser.owners and a.dest != "help"]
+    assert neutral and [o for o in neutral if f'"{o}"' not in config_text] == []  # the rest: config.py's own
     for dest, owner in parser.owners.items():
         option = "--" + dest.replace("_", "-")
         assert option not in config_text, option
