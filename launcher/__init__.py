@@ -46,7 +46,8 @@ names every module and only modules that exist):
   the no-rendezvous diagnosis, and the outcome file (``docs/outcome.schema.json``).
 - ``simulate/``: N hosts of a platform as N launcher processes on one machine (``ddp-launcher simulate``).
 
-  - ``simulate/config``: simulate's command line and its checks.
+  - ``simulate/config``: simulate's neutral job description (``Config``), its command line and checks;
+    each builder declares and checks its own options.
   - ``simulate/run``: starts the hosts, streams their output, fires the faults.
   - ``simulate/summary``: what happened to each host.
   - ``simulate/netns``: each host its own network namespace (``--network netns``).
@@ -55,10 +56,12 @@ names every module and only modules that exist):
   - ``simulate/faults``: the transient faults' deeds (stopped processes, a CPU quota, busy loops).
   - ``simulate/hosts/``: the registry of host builders (``BUILDERS``).
   - ``simulate/hosts/base``: what every builder shares (``HostSpec``, the job environment, the workdir).
-  - ``simulate/hosts/kubernetes``: what Kubernetes gives every container (both Kubeflow builders).
+  - ``simulate/hosts/kubernetes``: what Kubernetes gives every container, and the job name it takes (both
+    Kubeflow builders).
   - ``simulate/hosts/sagemaker``, ``simulate/hosts/sagemaker_env``, ``simulate/hosts/sagemaker_files``,
     ``simulate/hosts/sagemaker_v3``, ``simulate/hosts/sagemaker_groups``: SageMaker hosts (SDK v2
-    toolkit and SDK v3; ``--instance-groups``).
+    toolkit and SDK v3; ``--instance-groups``); ``simulate/hosts/sagemaker_options``: SageMaker's options
+    and their checks (instance type, channels, hyperparameters and their limits, SDK v3's channels).
   - ``simulate/hosts/slurm``, ``simulate/hosts/pbs``, ``simulate/hosts/kubeflow``,
     ``simulate/hosts/kubeflow_v2``, ``simulate/hosts/vertex``, ``simulate/hosts/oci``,
     ``simulate/hosts/env``: one platform's hosts each.

@@ -1,5 +1,6 @@
 """The README's "Add a platform" steps, followed literally on a copy of the package: two modules, two
-registry lines, and the new platform is detected, resolved, shown by --help and simulated."""
+registry lines, and the new platform is detected, resolved, shown by --help and simulated, with a
+simulate option of its own that its builder declares and checks (config.py is not edited)."""
 
 from __future__ import annotations
 
@@ -56,12 +57,32 @@ BUILDER_MODULE = '''\
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
+from launcher.errors import ConfigError
+from launcher.simulate.config import PlatformOptions, plain_script
 from launcher.simulate.hosts.base import HostSpec, plain_hosts
 
 NAME = "toy"
 SUMMARY_NOTE = "each host's files stay in its directory"
+
+
+@dataclass(frozen=True)
+class ToyOptions(PlatformOptions):
+    queue: str = "default"
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument_group("Toy (--platform toy)").add_argument("--toy-queue", default=None,
+                                                                   help="the toy manager's queue")
+
+
+def check_options(args, hosts: Sequence[str], job_name: str, words: Sequence[str], cwd: str):
+    if args.toy_queue is not None and not args.toy_queue.isalpha():
+        raise ConfigError(f"--toy-queue must be letters: {args.toy_queue!r}")
+    return (*plain_script(words, cwd), ToyOptions(args.toy_queue or "default"))
 
 
 def host_names(job_name: str, count: int) -> tuple[str, ...]:
@@ -70,23 +91,33 @@ def host_names(job_name: str, count: int) -> tuple[str, ...]:
 
 def make_hosts(config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
     return plain_hosts(config, environ, lambda i, _base: {"TOY_HOSTS": ",".join(config.hosts),
-                                                          "TOY_HOST": config.hosts[i]}, resolve=config.hosts)
+                                                          "TOY_HOST": config.hosts[i],
+                                                          "TOY_QUEUE": config.options.queue}, resolve=config.hosts)
 '''
 
 # Inside the copy: build the simulated hosts, then plan the launch on each (nothing starts).
 CHECK = textwrap.dedent('''
     import json, os, sys
     from launcher import cli
+    from launcher.errors import ConfigError
     from launcher.simulate.config import build_config
     from launcher.simulate.hosts import builder
 
-    config = build_config(["--platform", "toy", "--hosts", "3", "--workdir", "runs", "--", "train.py"], os.getcwd())
+    config = build_config(["--platform", "toy", "--hosts", "3", "--workdir", "runs", "--toy-queue", "gpu", "--",
+                           "train.py"], os.getcwd())
     specs = builder("toy").make_hosts(config, os.environ, 29777)
     seen = []
     for spec in specs:
         p = cli.plan(["train.py"], spec.env, run_dir="unused")
-        seen.append([spec.name, p.choice.platform.name, p.cluster.node_rank, p.cluster.master_addr])
-    print(json.dumps(seen))
+        seen.append([spec.name, p.choice.platform.name, p.cluster.node_rank, p.cluster.master_addr,
+                     spec.env["TOY_QUEUE"]])
+    refused = []
+    for argv in (["--platform", "env", "--toy-queue", "gpu"], ["--platform", "toy", "--toy-queue", "g-1"]):
+        try:
+            build_config([*argv, "--hosts", "2", "--", "train.py"], os.getcwd())
+        except ConfigError as exc:
+            refused.append(str(exc))
+    print(json.dumps([seen, refused]))
 ''')
 
 
@@ -118,7 +149,13 @@ def test_a_new_platform_is_two_modules_and_two_registry_lines(tmp_path: Path) ->
     env = launcher_env(PYTHONPATH=str(root))
     out = subprocess.run([PYTHON, "-c", CHECK], cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [[f"toy-{i}", "toy", i, "toy-0"] for i in range(3)]
+    seen, refused = json.loads(out.stdout)
+    assert seen == [[f"toy-{i}", "toy", i, "toy-0", "gpu"] for i in range(3)]
+    # The builder's own option: checked by the builder, refused on another platform in the common words.
+    assert refused == ["--toy-queue needs --platform toy, not 'env'", "--toy-queue must be letters: 'g-1'"]
+    usage = subprocess.run([PYTHON, "-m", "launcher", "simulate", "--help"], cwd=root, env=env, capture_output=True,
+                           text=True, timeout=60, check=True).stdout
+    assert "--toy-queue" in usage and re.search(r"^  toy +Toy hosts ``toy-0``", usage, re.M), usage
     manual = subprocess.run([PYTHON, "-m", "launcher", "--help"], cwd=root, env=env, capture_output=True,
                             text=True, timeout=60, check=True).stdout
     assert ("toy TOY_HOSTS (comma-separated, rank order), TOY_HOST; port 29777; grace period 12 s; failure "

@@ -153,7 +153,7 @@ def test_tree_and_environment_match_aws(tmp_path: Any) -> None:
                                     "--", *SCRIPT_WORDS], str(tmp_path))
     specs = builder("sagemaker").make_hosts(config, launcher_env(), 12345)
     sdk = json.loads(subprocess.run(
-        [PYTHON, "-c", SDK_ENCODING], input=json.dumps(dict(config.user_hyperparameters)),
+        [PYTHON, "-c", SDK_ENCODING], input=json.dumps(dict(config.options.hyperparameters)),
         env=launcher_env(SAGEMAKER_SUPPRESS_V2_WARNING="1"), capture_output=True, text=True,
         timeout=120, check=True).stdout.strip().splitlines()[-1])
     for spec in specs:

@@ -21,6 +21,8 @@ from conftest import PYTHON, REPO, assert_gone, launcher_env
 from test_simulate import Simulate, processes_inside, read_json
 
 from launcher import platforms, simulate
+from launcher.errors import ConfigError
+from launcher.simulate.config import build_parser
 from launcher.simulate.hosts import BUILDERS, builder
 
 WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
@@ -198,6 +200,36 @@ def test_bad_platform_input_exits_2_and_writes_nothing(tmp_path: Any, args: list
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and named in lines[-1], proc.stderr
     assert os.listdir(tmp_path) == []
+
+
+def _given(action: Any) -> list[str]:
+    """``--option`` as a user gives it: no value for a flag, else a value it parses."""
+    option = action.option_strings[0]
+    if action.nargs == 0:
+        return [option]
+    return [option, action.choices[0] if action.choices else "x"]
+
+
+def test_every_builders_option_is_refused_on_every_other_platform(tmp_path: Any) -> None:
+    # Which builder declared an option decides the one-line refusal: the builder's own words (SageMaker's
+    # "is SageMaker-only") or the common "needs --platform P, not 'Q'"; nothing in config.py names either.
+    parser = build_parser()
+    actions = {a.dest: a for a in parser._actions}
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert parser.owners
+    for dest, owner in parser.owners.items():
+        option = actions[dest].option_strings[0]
+        for platform in BUILDERS:
+            if platform == owner:
+                continue
+            with pytest.raises(ConfigError) as caught:
+                simulate.build_config(["--platform", platform, "--hosts", "2", *_given(actions[dest]), "--",
+                                       str(script)], str(tmp_path))
+            wanted = (f"{option} is SageMaker-only (--platform {platform})" if owner == "sagemaker"
+                      else f"{option} needs --platform {owner}, not {platform!r}")
+            assert str(caught.value) == wanted
+    assert os.listdir(tmp_path) == ["train.py"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -116,3 +116,53 @@ def test_one_module_knows_how_to_become_a_host() -> None:
         if re.search(r"sethostname|libc\.mount|\"--bind\"", text):
             offenders.append(os.path.relpath(path, REPO))
     assert offenders == []
+
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def test_simulate_config_imports_no_builder_module_and_names_no_platform() -> None:
+    # config.py is the neutral job description: it knows the registry of builders, never one builder,
+    # and no platform by name (each builder declares and checks its own options).
+    from launcher.simulate.hosts import BUILDERS
+
+    path = os.path.join(PACKAGE, "simulate", "config.py")
+    assert sorted(n for n in imported_modules(path)
+                  if n.startswith(("launcher.simulate.hosts.", "launcher.platforms"))) == []
+    text = read(path)
+    # "env" is also the word for an environment: that platform is looked for as the name "env" only.
+    words = {n for name in BUILDERS if name != "env" for n in (name, name.replace("-", "_"))} | {"aws", "kubernetes"}
+    named = {w for w in words if re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", text, re.I)}
+    assert named == set() and '"env"' not in text
+
+
+def test_every_platform_option_lives_in_its_builder() -> None:
+    # A platform's options are declared by its builder (add_options, in the builder's module or a helper module
+    # beside it that the builder imports); config.py names none of them; Config is the neutral job description
+    # and one platform-owned object.
+    import dataclasses
+    import importlib
+
+    from launcher.simulate.config import Config, build_parser
+    from launcher.simulate.hosts import builder
+
+    parser = build_parser()
+    assert parser.owners == {**dict.fromkeys(("instance_type", "channel", "hyperparameters", "toolkit", "sdk",
+                                              "sm_drivers", "code", "instance_groups"), "sagemaker"),
+                             "kubeflow_legacy": "kubeflow"}
+    config_text = read(os.path.join(PACKAGE, "simulate", "config.py"))
+    neutral = [a.option_strings[0] for a in parser._actions if a.dest not in parser.owners and a.dest != "help"]
+    assert neutral and [o for o in neutral if f'"{o}"' not in config_text] == []  # the rest: config.py's own
+    for dest, owner in parser.owners.items():
+        option = "--" + dest.replace("_", "-")
+        assert option not in config_text, option
+        module = builder(owner)
+        helpers = [importlib.import_module(m).__file__ for m in imported_modules(module.__file__)
+                   if m.startswith("launcher.simulate.hosts.")]
+        assert any(f'"{option}"' in read(p) for p in [module.__file__, *helpers]), (option, owner)
+    assert {f.name for f in dataclasses.fields(Config)} == {
+        "platform", "hosts", "nproc_per_node", "workdir", "job_name", "script", "script_args", "faults",
+        "grace_period", "network", "network_note", "platform_stop", "deadline", "options"}

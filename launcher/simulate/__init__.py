@@ -17,6 +17,11 @@ builder in ``launcher/simulate/hosts/`` cites the platform's source); the launch
 find its platform by itself (simulate never sets ``LAUNCHER_PLATFORM``). Host names are the
 platform's; how they resolve depends on the network (below).
 
+The options every platform has make the neutral job description (:mod:`launcher.simulate.config`); a
+platform's own options are declared and checked by its builder (``add_options``, ``check_options``:
+SageMaker's in :mod:`launcher.simulate.hosts.sagemaker_options`, ``--kubeflow-legacy`` in the Kubeflow
+builder), shown by ``--help`` in a group per platform, and refused (exit 2) with another ``--platform``.
+
 Network (``--network``; default ``netns`` where permitted: root, or unprivileged user namespaces;
 else ``loopback``, and the log and the summary say so and why):
 
@@ -197,12 +202,12 @@ from launcher.simulate.config import (
     Fault,
     build_config,
     parse_fault,
-    script_hyperparameters,
 )
 from launcher.simulate.hosts import builder
 from launcher.simulate.hosts.base import HostSpec, free_port, host_address, write_json
 from launcher.simulate.hosts.sagemaker_env import toolkit_env
 from launcher.simulate.hosts.sagemaker_files import encode_hyperparameters
+from launcher.simulate.hosts.sagemaker_options import script_hyperparameters
 from launcher.simulate.run import Simulation, log
 from launcher.simulate.summary import format_summary, job_report
 
@@ -263,7 +268,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     network = "netns: each host its own namespaces on a private bridge" if config.network == "netns" else \
         f"loopback: every host is 127.0.0.1{f' ({config.network_note})' if config.network_note else ''}"
     log(f"{config.platform} job {config.job_name}: {len(specs)} host(s) in {config.workdir}, master "
-        f"{specs[0].name} ({host_address(config, 0)}):{port}{', through AWS toolkit' if config.toolkit else ''}"
+        f"{specs[0].name} ({host_address(config, 0)}):{port}{config.options.started_through()}"
         f"; network {network}")
     try:
         lab = make_lab(config, specs)

@@ -155,9 +155,7 @@ class Simulation:
         """The host's launcher: the process itself, or the one AWS's toolkit or SDK v3's drivers started."""
         if run.spec.signal_targets is not None:
             return run.spec.signal_targets(run.proc.pid)
-        if not self.config.toolkit:
-            return [run.proc.pid]
-        return proctree.children_of(run.proc.pid)
+        return [run.proc.pid]
 
     def _stop_host(self, run: HostRun, signum: int, reason: str) -> None:
         targets = self._targets(run) or [run.proc.pid]
@@ -185,7 +183,7 @@ class Simulation:
             return False  # the toolkit has not started the launcher yet: try again next tick
         log(f"fault: {fault.name} to {run.spec.name}'s launcher (pid {', '.join(map(str, targets))}) "
             f"at {now - self.start:.1f} s: {fault.meaning()}")
-        if fault.signum == signal.SIGKILL and (self.config.toolkit or run.spec.signal_targets):
+        if fault.signum == signal.SIGKILL and run.spec.signal_targets:
             targets.append(run.proc.pid)  # a lost instance takes the toolkit with it
         for pid in targets:
             _send(pid, fault.signum)

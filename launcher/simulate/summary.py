@@ -78,7 +78,7 @@ def job_report(sim: Simulation) -> dict[str, Any]:
     nonzero = sorted((h["ended"], i) for i, h in enumerate(hosts) if h["exit_code"] != 0)
     last = max(h["ended"] for h in hosts)
     return {"job_name": sim.config.job_name, "platform": sim.config.platform, "workdir": sim.config.workdir,
-            "toolkit": bool(sim.config.toolkit), "hosts": hosts,
+            **sim.config.options.report(), "hosts": hosts,
             "network": sim.config.network, "network_note": sim.config.network_note,
             "platform_stop": sim.config.platform_stop, "deadline_reached": sim.deadline_hit,
             "exit_code": hosts[nonzero[0][1]]["exit_code"] if nonzero else 0,

@@ -13,6 +13,7 @@ from launcher.simulate.hosts.base import HostSpec, plain_hosts
 
 NAME = "env"
 SUMMARY_NOTE = "each host's files stay in its directory"
+HOSTS_HELP = "node-i: MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK"
 
 
 def host_names(job_name: str, count: int) -> tuple[str, ...]:

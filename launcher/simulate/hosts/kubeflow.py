@@ -23,15 +23,41 @@ link variables ``KUBERNETES_SERVICE_*``/``KUBERNETES_PORT*`` (127.0.0.1 here; no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Optional
 
-from launcher.simulate.config import Config
+from launcher.simulate.config import Config, PlatformOptions, plain_script
 from launcher.simulate.hosts import kubernetes
 from launcher.simulate.hosts.base import HostSpec, plain_hosts
 
 NAME = "kubeflow"
 SUMMARY_NOTE = kubernetes.SUMMARY_NOTE
+HOSTS_HELP = """JOB-master-0, JOB-worker-i: MASTER_ADDR/PORT, WORLD_SIZE, RANK, PET_NNODES, PET_NODE_RANK,
+PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT (--kubeflow-legacy: MASTER_*, WORLD_SIZE, RANK)"""
+
+
+@dataclass(frozen=True)
+class KubeflowOptions(PlatformOptions):
+    """``--kubeflow-legacy``: a training-operator before 1.7."""
+
+    legacy: bool = False
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Kubeflow's one option, as a group of ``parser``."""
+    group = parser.add_argument_group("Kubeflow (--platform kubeflow)")
+    group.add_argument("--kubeflow-legacy", action="store_true",
+                       help="a training-operator before 1.7 (one process per pod: MASTER_ADDR, MASTER_PORT, "
+                            "WORLD_SIZE = pods, RANK = pod index; no PET_*)")
+
+
+def check_options(args: argparse.Namespace, hosts: Sequence[str], job_name: str, words: Sequence[str],
+                  cwd: str) -> tuple[str, tuple[str, ...], KubeflowOptions]:
+    """``-- script.py args...``; the job's name must be a Kubernetes name (it is in the pods' names)."""
+    kubernetes.check_job_name(job_name, NAME)
+    return (*plain_script(words, cwd), KubeflowOptions(args.kubeflow_legacy))
 
 
 def host_names(job_name: str, count: int) -> tuple[str, ...]:
@@ -59,10 +85,11 @@ def pod_variables(job_name: str, count: int, index: int, port: int, nproc: Optio
 def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
     """Write each pod's directory; the pods run ``python -m launcher script.py args...``."""
     count = len(config.hosts)
+    legacy = isinstance(config.options, KubeflowOptions) and config.options.legacy
 
     def variables(index: int, _base: str) -> dict[str, str]:
-        env = pod_variables(config.job_name, count, index, port, config.nproc_per_node, config.kubeflow_legacy)
-        if config.kubeflow_legacy and config.nproc_per_node:  # the old operator has no such field
+        env = pod_variables(config.job_name, count, index, port, config.nproc_per_node, legacy)
+        if legacy and config.nproc_per_node:  # the old operator has no such field
             env["LAUNCHER_NPROC_PER_NODE"] = str(config.nproc_per_node)
         return env
     return plain_hosts(config, environ, variables, resolve=config.hosts)

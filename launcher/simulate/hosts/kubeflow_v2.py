@@ -12,15 +12,17 @@ Jobs), ``HOSTNAME`` and the API server's service variables.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from launcher.simulate.config import Config
+from launcher.simulate.config import Config, PlatformOptions, plain_script
 from launcher.simulate.hosts import kubernetes
 from launcher.simulate.hosts.base import HostSpec, plain_hosts
 
 NAME = "kubeflow-v2"
 SUMMARY_NOTE = kubernetes.SUMMARY_NOTE
+HOSTS_HELP = "JOB-node-0-i: PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR/PORT"
 
 
 def host_names(job_name: str, count: int) -> tuple[str, ...]:
@@ -40,6 +42,13 @@ def pod_variables(job_name: str, count: int, index: int, port: int, nproc: Optio
                 "PET_NPROC_PER_NODE": str(nproc) if nproc else "auto", "PET_NODE_RANK": str(index),
                 "PET_MASTER_ADDR": dns_names(job_name, count)[0], "PET_MASTER_PORT": str(port)})
     return env
+
+
+def check_options(args: argparse.Namespace, hosts: Sequence[str], job_name: str, words: Sequence[str],
+                  cwd: str) -> tuple[str, tuple[str, ...], PlatformOptions]:
+    """``-- script.py args...``; the job's name must be a Kubernetes name (it is in the pods' names)."""
+    kubernetes.check_job_name(job_name, NAME)
+    return (*plain_script(words, cwd), PlatformOptions())
 
 
 def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
+from launcher.errors import ConfigError
 from launcher.simulate.hosts.base import ADDRESS
 
 SUMMARY_NOTE = "on Kubernetes each pod's files go with the pod unless the job mounts a volume"
+NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1035 label
+
+
+def check_job_name(job_name: str, platform: str) -> None:
+    """The job's name is in its pods' names: Kubernetes takes only a DNS-1035 label; else ConfigError."""
+    if not NAME.match(job_name):
+        raise ConfigError(f"--job-name must be a Kubernetes name (lower-case letters, digits, '-', "
+                          f"starting with a letter) for --platform {platform}: {job_name!r}")
 
 
 def kubernetes_variables(pod: str) -> dict[str, str]:

@@ -25,6 +25,7 @@ from launcher.simulate.hosts.base import ADDRESS, HostSpec, host_address, plain_
 
 NAME = "oci"
 SUMMARY_NOTE = "each node's files stay in its directory"
+HOSTS_HELP = "node-i: NODE_RANK, NODE_COUNT, INITIAL_CLUSTER_SIZE, CLUSTER_NODES_METADATA_FILE"
 METADATA_FILE = "cluster_nodes_metadata.json"
 
 

@@ -46,6 +46,7 @@ from launcher.simulate.hosts.base import HostSpec, in_namespaces, job_number, pl
 
 NAME = "pbs"
 SUMMARY_NOTE = "each node's files stay in its directory (a real job's PBS_O_WORKDIR is usually shared)"
+HOSTS_HELP = "node1..nodeN: PBS_NODEFILE (a line per slot), PBS_JOBID, ...; own host name (unshare)"
 SERVER, QUEUE = "pbs-server", "workq"  # workq: the default queue of OpenPBS and PBS Professional
 NAMESPACES = become.unshare_forms("--uts", "--mount")
 

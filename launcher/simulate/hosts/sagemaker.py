@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from launcher import proctree
 from launcher.platforms.sagemaker import argv as aws_argv
 from launcher.platforms.sagemaker import bundle
 from launcher.simulate.config import Config
@@ -29,8 +30,20 @@ from launcher.simulate.hosts.sagemaker_files import (
     sdk_entries,
 )
 
+# The builder's own options and their checks (the builder protocol: launcher/simulate/hosts/__init__.py).
+from launcher.simulate.hosts.sagemaker_options import (  # noqa: F401
+    HOSTS_OPTION,
+    SCRIPT_WORDS,
+    WRONG_PLATFORM,
+    SageMakerOptions,
+    add_options,
+    check_options,
+    count_hosts,
+)
+
 NAME = "sagemaker"
 SUMMARY_NOTE = "SageMaker would merge every host's model/ into one model.tar.gz"
+HOSTS_HELP = "algo-1..algo-N: /opt/ml tree (resourceconfig.json ...) and SM_* variables"
 
 
 def host_names(job_name: str, count: int) -> tuple[str, ...]:
@@ -63,23 +76,24 @@ def pack_source(config: Config) -> str:
 
 def _host_tree(config: Config, host: str, submit: str) -> tuple[str, dict[str, Any]]:
     """Write one host's /opt/ml; returns its path and the content of its config files."""
+    options: SageMakerOptions = config.options
     base = os.path.join(config.workdir, host)
     for sub in ("input/config", "input/data", "code", "model", "output/data", "checkpoints"):
         os.makedirs(os.path.join(base, sub))
-    raw = encode_hyperparameters({**config.user_hyperparameters,
+    raw = encode_hyperparameters({**options.hyperparameters,
                                   **sdk_entries(config.job_name, submit, bundle.ENTRY_POINT)})
     interface = NETNS_INTERFACE if in_namespaces(config) else INTERFACE
-    files = {"resource": resource_config(config.hosts, host, config.instance_type, interface,
-                                         config.instance_groups),
-             "data": input_data_config(config.channels), "hps": raw}
+    files = {"resource": resource_config(config.hosts, host, options.instance_type, interface,
+                                         options.instance_groups),
+             "data": input_data_config(options.channels), "hps": raw}
     conf = os.path.join(base, "input", "config")
     write_json(os.path.join(conf, "resourceconfig.json"), files["resource"])
     write_json(os.path.join(conf, "hyperparameters.json"), raw)
     write_json(os.path.join(conf, "inputdataconfig.json"), files["data"])
     write_json(os.path.join(conf, "checkpointconfig.json"), checkpoint_config(base, config.job_name))
-    for name, path in config.channels.items():
+    for name, path in options.channels.items():
         os.symlink(path, os.path.join(base, "input", "data", name))
-    if not config.toolkit:  # what the toolkit's files.download_and_extract would do
+    if not options.toolkit:  # what the toolkit's files.download_and_extract would do
         with tarfile.open(submit, "r:gz") as tar:
             safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             tar.extractall(os.path.join(base, "code"), **safe)
@@ -88,8 +102,8 @@ def _host_tree(config: Config, host: str, submit: str) -> tuple[str, dict[str, A
 
 def host_argv(config: Config, raw_hps: Mapping[str, str]) -> tuple[str, ...]:
     """The host's command: ``python launch.py <AWS's argv>``, or the toolkit's ``train``."""
-    if config.toolkit:
-        return tuple(config.toolkit)
+    if config.options.toolkit:
+        return tuple(config.options.toolkit)
     rendered = aws_argv.render_args(aws_argv.user_hyperparameters(
         aws_argv.decode(raw_hps)))
     return (sys.executable, bundle.ENTRY_POINT, *rendered)
@@ -100,7 +114,7 @@ def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[Ho
 
     ``--sdk v3``: :mod:`launcher.simulate.hosts.sagemaker_v3` (ModelTrainer's drivers) writes the hosts.
     """
-    if config.sdk == "v3":
+    if config.options.sdk == "v3":
         from launcher.simulate.hosts import sagemaker_v3
 
         return sagemaker_v3.make_hosts(config, environ, port)
@@ -113,7 +127,8 @@ def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[Ho
             specs.append(HostSpec(host, base, host_argv(config, files["hps"]), os.path.join(base, "code"),
                                   host_environment(config, base, files, submit, common),
                                   model_dir=os.path.join(base, "model"),
-                                  failure_file=os.path.join(base, "output", "failure")))
+                                  failure_file=os.path.join(base, "output", "failure"),
+                                  signal_targets=proctree.children_of if config.options.toolkit else None))
         return specs
     return make_workdir(config.workdir, write, (OSError, tarfile.TarError))
 

@@ -139,7 +139,7 @@ def host_environment(config: Config, base: str, files: Mapping[str, Any], submit
     """The full environment of one host's first process."""
     env = dict(common)
     env.update({"SAGEMAKER_BASE_DIR": base, "TRAINING_JOB_NAME": config.job_name})
-    if config.toolkit:  # the toolkit computes SM_* itself from the tree
+    if config.options.toolkit:  # the toolkit computes SM_* itself from the tree
         env.update({"SAGEMAKER_PROGRAM": bundle.ENTRY_POINT, "SAGEMAKER_SUBMIT_DIRECTORY": submit})
         if not in_namespaces(config):  # algo-* do not resolve: skip the toolkit's DNS wait
             env["SM_STUDIO_LOCAL_MODE"] = "true"

@@ -106,26 +106,27 @@ def launcher_pids(root: int) -> list[int]:
 
 def _code_dir(config: Config, scratch: str) -> str:
     """The ``code`` channel: ``--code DIR`` as given, else the bundle staged from the script."""
-    if config.code_dir:
-        return config.code_dir
+    if config.options.code_dir:
+        return config.options.code_dir
     return bundle.stage_bundle(config.script, os.path.join(scratch, "code"))
 
 
 def _host_tree(config: Config, host: str, code: str, hps: Mapping[str, str]) -> str:
     """Write one host's ``/opt/ml``: config files, the channels, model/, output/, checkpoints/."""
+    options = config.options
     base = os.path.join(config.workdir, host)
     for sub in ("input/config", "input/data", "model", "output/data", "checkpoints"):
         os.makedirs(os.path.join(base, sub))
-    channels = {**config.channels, CODE_CHANNEL: code, DRIVERS_CHANNEL: config.drivers_dir}
+    channels = {**options.channels, CODE_CHANNEL: code, DRIVERS_CHANNEL: options.drivers_dir}
     conf = os.path.join(base, "input", "config")
-    write_json(os.path.join(conf, "resourceconfig.json"), resource_config(config.hosts, host, config.instance_type,
-                                                                               groups=config.instance_groups))
+    write_json(os.path.join(conf, "resourceconfig.json"), resource_config(config.hosts, host, options.instance_type,
+                                                                               groups=options.instance_groups))
     write_json(os.path.join(conf, "hyperparameters.json"), dict(hps))
     write_json(os.path.join(conf, "inputdataconfig.json"), input_data_config(channels))
     write_json(os.path.join(conf, "checkpointconfig.json"),
                {"LocalPath": f"{CONTAINER_BASE}/checkpoints",
                 "S3Uri": f"s3://simulated-bucket/{config.job_name}/checkpoints"})
-    for name, path in config.channels.items():
+    for name, path in options.channels.items():
         os.symlink(path, os.path.join(base, "input", "data", name))
     for name in (CODE_CHANNEL, DRIVERS_CHANNEL):  # SageMaker downloads a copy onto every instance
         shutil.copytree(channels[name], os.path.join(base, "input", "data", name), symlinks=True)
@@ -146,7 +147,7 @@ def host_environment(config: Config, environ: Mapping[str, str], port: int) -> d
 def make_hosts(config: Config, environ: Mapping[str, str], port: int) -> list[HostSpec]:
     """Write every host's tree; each runs ``CONTAINER_COMMAND`` with its tree as ``/opt/ml``."""
     command = namespace_command()
-    hps = {key: safe_serialize(value) for key, value in config.user_hyperparameters.items()}
+    hps = {key: safe_serialize(value) for key, value in config.options.hyperparameters.items()}
 
     def write() -> list[HostSpec]:
         namespaces = os.path.join(config.workdir, "namespaces")

@@ -39,6 +39,7 @@ from launcher.simulate.hosts.base import ADDRESS, HostSpec, job_number, plain_ho
 
 NAME = "slurm"
 SUMMARY_NOTE = "each node's files stay in its directory (a real job's submit directory is usually shared)"
+HOSTS_HELP = "node1..nodeN: SLURM_JOB_ID, SLURM_NODEID, SLURM_STEP_NODELIST, SLURMD_NODENAME, ..."
 CLUSTER, PARTITION = "simulated", "debug"
 # The task's PID is the shell's: exec keeps it, so the launcher runs with SLURM_TASK_PID = its own PID.
 TASK_PID = ("/bin/sh", "-c", 'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"', "sh")

@@ -24,6 +24,7 @@ from launcher.simulate.hosts.base import HostSpec, plain_hosts
 
 NAME = "vertex"
 SUMMARY_NOTE = "Vertex would upload only what the script writes to AIP_MODEL_DIR (gs://)"
+HOSTS_HELP = "workerpool0-ID-0, workerpool1-ID-i: CLUSTER_SPEC"
 PORT = 2222  # Vertex's port in CLUSTER_SPEC
 
 
