@@ -46,7 +46,9 @@ names every module and only modules that exist):
   the no-rendezvous diagnosis, and the outcome file (``docs/outcome.schema.json``).
 - ``simulate/``: N hosts of a platform as N launcher processes on one machine (``ddp-launcher simulate``).
 
-  - ``simulate/config``: simulate's neutral job description (``Config``), its command line and checks;
+  - ``simulate/job``: simulate's neutral job description (``Config``, ``Fault``, ``PlatformOptions``),
+    which the builders import;
+  - ``simulate/config``: simulate's command line and its checks, giving a ``Config``;
     each builder declares and checks its own options.
   - ``simulate/run``: starts the hosts, streams their output, fires the faults.
   - ``simulate/summary``: what happened to each host.

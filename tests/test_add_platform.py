@@ -62,7 +62,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.errors import ConfigError
-from launcher.simulate.config import PlatformOptions, plain_script
+from launcher.simulate.job import PlatformOptions, plain_script
 from launcher.simulate.hosts.base import HostSpec, plain_hosts
 
 NAME = "toy"

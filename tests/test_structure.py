@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import glob
 import os
 import re
 
@@ -125,7 +126,7 @@ def read(path: str) -> str:
 
 
 def test_simulate_config_imports_no_builder_module_and_names_no_platform() -> None:
-    # config.py is the neutral job description: it knows the registry of builders, never one builder,
+    # config.py parses the neutral job description: it knows the registry of builders, never one builder,
     # and no platform by name (each builder declares and checks its own options).
     from launcher.simulate.hosts import BUILDERS
 
@@ -139,6 +140,16 @@ def test_simulate_config_imports_no_builder_module_and_names_no_platform() -> No
     assert named == set() and '"env"' not in text
 
 
+def test_the_job_description_and_the_builders_never_import_the_parser() -> None:
+    # The parser (config.py) imports the registry of builders; a builder importing the parser back would make
+    # a cycle: builders, like everything below the parser, take the job description from job.py.
+    below = [os.path.join(PACKAGE, "simulate", "job.py"),
+             *glob.glob(os.path.join(PACKAGE, "simulate", "hosts", "*.py"))]
+    importers = [p for p in below if "launcher.simulate.config" in imported_modules(p)]
+    assert len(below) > 10 and importers == []
+    assert not any(n.startswith("launcher.simulate") for n in imported_modules(below[0]))
+
+
 def test_every_platform_option_lives_in_its_builder() -> None:
     # A platform's options are declared by its builder (add_options, in the builder's module or a helper module
     # beside it that the builder imports); config.py names none of them; Config is the neutral job description
@@ -146,8 +157,9 @@ def test_every_platform_option_lives_in_its_builder() -> None:
     import dataclasses
     import importlib
 
-    from launcher.simulate.config import Config, build_parser
+    from launcher.simulate.config import build_parser
     from launcher.simulate.hosts import builder
+    from launcher.simulate.job import Config
 
     parser = build_parser()
     assert parser.owners == {**dict.fromkeys(("instance_type", "channel", "hyperparameters", "toolkit", "sdk",

@@ -215,6 +215,7 @@ import json, resource, sys, torch
 sys.path.insert(0, sys.argv[1])
 import ddp_utils
 kept = ddp_utils.keep_freed_memory()
+torch.ones(1 << 20).sum()  # the first step also faults in torch's one-time state (kernels, thread pool)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(50):
     torch.ones(1 << 20).sum()  # 4 MiB allocated, touched and freed: what a training step does
@@ -231,8 +232,10 @@ def test_freed_activation_memory_is_reused_instead_of_faulted_in_again(tmp_path:
     tuned, chosen = faults(), faults(MALLOC_MMAP_THRESHOLD_="131072")
     assert chosen["kept"] is False  # the user's own malloc setting wins
     assert tuned["kept"] is True
-    # glibc's default: every 4 MiB block is mmap'ed and faulted in page by page (~1,000 faults each).
-    assert chosen["faults"] > 50 * 500 and tuned["faults"] < chosen["faults"] / 10, (tuned, chosen)
+    # glibc's default: every 4 MiB block is mmap'ed and faulted in page by page (1,024 faults each, 50 steps:
+    # ~51,200); kept, the heap reuses its pages: a few blocks' worth at most (1,024-4,097 measured), whatever
+    # the number of steps.
+    assert chosen["faults"] > 40 * 1024 and tuned["faults"] < 8 * 1024, (tuned, chosen)
 
 
 LATE_RELEASE = """

@@ -17,10 +17,11 @@ builder in ``launcher/simulate/hosts/`` cites the platform's source); the launch
 find its platform by itself (simulate never sets ``LAUNCHER_PLATFORM``). Host names are the
 platform's; how they resolve depends on the network (below).
 
-The options every platform has make the neutral job description (:mod:`launcher.simulate.config`); a
-platform's own options are declared and checked by its builder (``add_options``, ``check_options``:
-SageMaker's in :mod:`launcher.simulate.hosts.sagemaker_options`, ``--kubeflow-legacy`` in the Kubeflow
-builder), shown by ``--help`` in a group per platform, and refused (exit 2) with another ``--platform``.
+The options every platform has make the neutral job description (:mod:`launcher.simulate.job`, parsed by
+:mod:`launcher.simulate.config`); a platform's own options are declared and checked by its builder
+(``add_options``, ``check_options``: SageMaker's in :mod:`launcher.simulate.hosts.sagemaker_options`,
+``--kubeflow-legacy`` in the Kubeflow builder), shown by ``--help`` in a group per platform, and refused
+(exit 2) with another ``--platform``.
 
 Network (``--network``; default ``netns`` where permitted: root, or unprivileged user namespaces;
 else ``loopback``, and the log and the summary say so and why):
@@ -195,19 +196,13 @@ from typing import Optional
 from launcher import streams
 from launcher.errors import ConfigError
 from launcher.simulate import faults, netns
-from launcher.simulate.config import (
-    NETNS_FAULTS,
-    PROG,
-    Config,
-    Fault,
-    build_config,
-    parse_fault,
-)
+from launcher.simulate.config import NETNS_FAULTS, PROG, build_config, parse_fault
 from launcher.simulate.hosts import builder
 from launcher.simulate.hosts.base import HostSpec, free_port, host_address, write_json
 from launcher.simulate.hosts.sagemaker_env import toolkit_env
 from launcher.simulate.hosts.sagemaker_files import encode_hyperparameters
 from launcher.simulate.hosts.sagemaker_options import script_hyperparameters
+from launcher.simulate.job import Config, Fault
 from launcher.simulate.run import Simulation, log
 from launcher.simulate.summary import format_summary, job_report
 

@@ -1,7 +1,8 @@
-"""simulate's command line: the neutral job description (:class:`Config`), its options, and the checks of
-bad input (exit 2). It names no platform: each builder of :mod:`launcher.simulate.hosts` declares and
-checks its own options (``add_options``, ``check_options``: the builder protocol in that package's
-docstring) and gives its own :class:`PlatformOptions`, as TorchX's schedulers declare their ``run_opts``.
+"""simulate's command line: its options, the checks of bad input (exit 2), and the resulting neutral job
+description (:class:`~launcher.simulate.job.Config`). It names no platform: each builder of
+:mod:`launcher.simulate.hosts` declares and checks its own options (``add_options``, ``check_options``:
+the builder protocol in that package's docstring) and gives its own
+:class:`~launcher.simulate.job.PlatformOptions`, as TorchX's schedulers declare their ``run_opts``.
 
 Nothing here writes or starts anything: :func:`build_config` parses and checks, or raises
 :class:`~launcher.errors.ConfigError`.
@@ -15,98 +16,29 @@ import re
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Optional
 
 from launcher.errors import ConfigError, shown
 from launcher.simulate.hosts import BUILDERS, DEFAULT, builder
+from launcher.simulate.job import (
+    DEFAULT_DEADLINE,
+    MAX_HOSTS,
+    NETWORK_FAULTS,
+    TRANSIENT_FAULTS,
+    Config,
+    Fault,
+    PlatformOptions,
+    plain_script,
+)
 
 PROG = "ddp-launcher simulate"
-MAX_HOSTS = 64
 DEFAULT_GRACE_PERIOD = 5.0
-DEFAULT_DEADLINE = 86400.0  # a day: the default platform's own hard stop (its default maximum run time)
 NETWORKS = ("netns", "loopback")
-NETWORK_FAULTS = ("partition", "poweroff")  # faults that are not a signal to the launcher and do not end
-# Transient faults (HOST:KIND:AFTER:SECONDS): each ends by itself after SECONDS; what each stands for.
-TRANSIENT_FAULTS = {"blip": "network blip", "pause": "stalled launcher", "vmpause": "VM pause",
-                    "starve": "CPU starvation", "saturate": "CPU saturation"}
 NETNS_FAULTS = ("partition", "blip")  # they take a host's link down: only a host of its own has one
 MAX_FAULT_SECONDS = 86400.0
 JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 # An option of one builder given with another --platform (a builder's WRONG_PLATFORM says it otherwise).
 WRONG_PLATFORM = "{option} needs --platform {name}, not {platform!r}"
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A fault of one host, after some time or at a training step: a signal to its launcher
-    (``kind`` ``signal``), or ``partition`` (its link goes down) or ``poweroff`` (every process of
-    the host killed at once, the link down first); those two have ``signum`` 0. A transient fault
-    (a kind of :data:`TRANSIENT_FAULTS`) lasts ``seconds`` and then ends by itself."""
-
-    host: str
-    signum: int
-    after: Optional[float] = None
-    step: Optional[int] = None
-    kind: str = "signal"
-    seconds: Optional[float] = None  # how long a transient fault lasts
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.kind == "signal" else self.kind
-
-    @property
-    def transient(self) -> bool:
-        """True for a fault that ends by itself (the host is expected to survive it)."""
-        return self.kind in TRANSIENT_FAULTS
-
-    def meaning(self) -> str:
-        """What the fault stands for on a cloud platform."""
-        if self.kind in TRANSIENT_FAULTS:
-            return TRANSIENT_FAULTS[self.kind]
-        if self.kind != "signal":
-            return {"partition": "network partition", "poweroff": "power loss"}[self.kind]
-        return {signal.SIGKILL: "lost instance", signal.SIGTERM: "spot interruption"}.get(
-            self.signum, "signal")
-
-    def when(self) -> str:
-        return f"step={self.step}" if self.step is not None else f"{self.after:g} s"
-
-
-@dataclass(frozen=True)
-class PlatformOptions:
-    """A platform's own settings from its builder's options (none here): each builder with options of its
-    own returns a frozen subclass from its ``check_options``."""
-
-    def report(self) -> dict[str, Any]:
-        """The platform's own entries of ``summary.json``."""
-        return {}
-
-    def started_through(self) -> str:
-        """How the hosts' launchers are started, when not directly (the start line's words)."""
-        return ""
-
-
-@dataclass(frozen=True)
-class Config:
-    """The job simulate runs, decided from its command line before anything is written or started:
-    what every platform has, and the chosen platform's own :class:`PlatformOptions`."""
-
-    platform: str
-    hosts: tuple[str, ...]
-    nproc_per_node: Optional[int]
-    workdir: str
-    job_name: str
-    script: str  # absolute path
-    faults: tuple[Fault, ...]
-    grace_period: float
-    script_args: tuple[str, ...] = ()  # the words after the script, as the builder takes them
-    network: Optional[str] = None  # netns or loopback; None: netns where permitted (decided at the start)
-    network_note: str = ""  # why this network, when it was not asked for
-    platform_stop: bool = True  # stop the other hosts when one fails, as the platform does
-    deadline: float = DEFAULT_DEADLINE  # seconds: then every host is stopped
-    options: PlatformOptions = field(default_factory=PlatformOptions)  # the platform's own
 
 
 class _Parser(argparse.ArgumentParser):
@@ -298,16 +230,6 @@ def _workdir(args: argparse.Namespace, job_name: str, cwd: str) -> str:
         raise ConfigError(f"work directory exists and is not empty: {path!r} "
                           "(give another --workdir or --job-name)")
     return path
-
-
-def plain_script(words: Sequence[str], cwd: str) -> tuple[str, tuple[str, ...]]:
-    """``-- script.py args...`` where the job's command is ``python -m launcher script.py args...``."""
-    if not words or words[0].startswith("-"):
-        raise ConfigError("no training script: give it after '--' (-- script.py args...)")
-    path = os.path.abspath(os.path.join(cwd, words[0]))
-    if not os.path.isfile(path):
-        raise ConfigError(f"training script not found: {words[0]!r}")
-    return path, tuple(words[1:])
 
 
 def build_config(argv: Sequence[str], cwd: str) -> Config:

@@ -19,8 +19,8 @@ from typing import IO, TYPE_CHECKING, Callable, Optional
 
 from launcher import proctree, streams
 from launcher.simulate import faults
-from launcher.simulate.config import Config, Fault
 from launcher.simulate.hosts.base import HostSpec
+from launcher.simulate.job import Config, Fault
 
 if TYPE_CHECKING:
     from launcher.simulate.netns import Lab

@@ -10,7 +10,7 @@ A builder module defines ``NAME``, ``SUMMARY_NOTE`` (the summary's last words on
   adds them as an argument group, each with a default that means "not given" (None, False or []);
   ``check_options(args, hosts, job_name, words, cwd)`` checks them (a ``ConfigError`` is exit 2) and
   returns ``(script, script_args, options)``: the training script from the words after ``--``, the
-  words the script gets, and a frozen subclass of :class:`launcher.simulate.config.PlatformOptions`
+  words the script gets, and a frozen subclass of :class:`launcher.simulate.job.PlatformOptions`
   that ``make_hosts`` reads as ``config.options`` (without it: ``-- script.py args...`` and no options).
   ``WRONG_PLATFORM``: how one of its options given with another ``--platform`` is refused (default
   ``"{option} needs --platform {name}, not {platform!r}"``). ``HOSTS_OPTION`` and

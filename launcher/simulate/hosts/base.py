@@ -30,7 +30,7 @@ from launcher.errors import ConfigError
 from launcher.simulate import netns
 
 if TYPE_CHECKING:
-    from launcher.simulate.config import Config
+    from launcher.simulate.job import Config
 
 ADDRESS = "127.0.0.1"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

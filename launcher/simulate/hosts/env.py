@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Optional
 
-from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import HostSpec, plain_hosts
+from launcher.simulate.job import Config
 
 NAME = "env"
 SUMMARY_NOTE = "each host's files stay in its directory"

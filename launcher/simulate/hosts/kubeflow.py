@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from launcher.simulate.config import Config, PlatformOptions, plain_script
 from launcher.simulate.hosts import kubernetes
 from launcher.simulate.hosts.base import HostSpec, plain_hosts
+from launcher.simulate.job import Config, PlatformOptions, plain_script
 
 NAME = "kubeflow"
 SUMMARY_NOTE = kubernetes.SUMMARY_NOTE

@@ -16,9 +16,9 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from launcher.simulate.config import Config, PlatformOptions, plain_script
 from launcher.simulate.hosts import kubernetes
 from launcher.simulate.hosts.base import HostSpec, plain_hosts
+from launcher.simulate.job import Config, PlatformOptions, plain_script
 
 NAME = "kubeflow-v2"
 SUMMARY_NOTE = kubernetes.SUMMARY_NOTE

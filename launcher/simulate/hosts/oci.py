@@ -20,8 +20,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional
 
-from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import ADDRESS, HostSpec, host_address, plain_hosts, write_json_atomically
+from launcher.simulate.job import Config
 
 NAME = "oci"
 SUMMARY_NOTE = "each node's files stay in its directory"

@@ -41,8 +41,8 @@ from typing import Optional
 
 from launcher.errors import ConfigError
 from launcher.simulate import become
-from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import HostSpec, in_namespaces, job_number, plain_hosts
+from launcher.simulate.job import Config
 
 NAME = "pbs"
 SUMMARY_NOTE = "each node's files stay in its directory (a real job's PBS_O_WORKDIR is usually shared)"

@@ -17,7 +17,6 @@ from typing import Any
 from launcher import proctree
 from launcher.platforms.sagemaker import argv as aws_argv
 from launcher.platforms.sagemaker import bundle
-from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import HostSpec, caller_environment, in_namespaces, make_workdir, write_json
 from launcher.simulate.hosts.sagemaker_env import estimator_environment, host_environment
 from launcher.simulate.hosts.sagemaker_files import (
@@ -40,6 +39,7 @@ from launcher.simulate.hosts.sagemaker_options import (  # noqa: F401
     check_options,
     count_hosts,
 )
+from launcher.simulate.job import Config
 
 NAME = "sagemaker"
 SUMMARY_NOTE = "SageMaker would merge every host's model/ into one model.tar.gz"

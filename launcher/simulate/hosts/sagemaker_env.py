@@ -12,9 +12,9 @@ from typing import Any
 
 from launcher.platforms.sagemaker import argv as aws_argv
 from launcher.platforms.sagemaker import bundle
-from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import ADDRESS, in_namespaces
 from launcher.simulate.hosts.sagemaker_files import GROUP, LOG_LEVEL, REGION
+from launcher.simulate.job import Config
 
 # sagemaker_training.params.SAGEMAKER_HYPERPARAMETERS and the flags that make a group distributed.
 TOOLKIT_KEYS = frozenset({"sagemaker_program", "sagemaker_submit_directory", "sagemaker_region",

@@ -20,9 +20,9 @@ from typing import Any, Optional
 
 from launcher.errors import ConfigError, shown
 from launcher.platforms.sagemaker import bundle
-from launcher.simulate.config import MAX_HOSTS, PlatformOptions
 from launcher.simulate.hosts.sagemaker_files import sdk_entries
 from launcher.simulate.hosts.sagemaker_groups import Groups, assign_hosts, parse_instance_groups
+from launcher.simulate.job import MAX_HOSTS, PlatformOptions
 
 DEFAULT_INSTANCE_TYPE = "ml.m5.xlarge"
 SCRIPT_KEYS = ("train-script", "train_script")

@@ -40,10 +40,10 @@ from typing import Any
 from launcher import proctree
 from launcher.platforms.sagemaker import bundle
 from launcher.simulate import become
-from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import HostSpec, caller_environment, in_namespaces, make_workdir, write_json
 from launcher.simulate.hosts.sagemaker_env import estimator_environment
 from launcher.simulate.hosts.sagemaker_files import input_data_config, resource_config
+from launcher.simulate.job import Config
 
 CONTAINER_BASE = "/opt/ml"
 DRIVERS_CHANNEL, CODE_CHANNEL = "sm_drivers", "code"

@@ -34,8 +34,8 @@ import os
 from collections.abc import Mapping
 from typing import Optional
 
-from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import ADDRESS, HostSpec, job_number, plain_hosts
+from launcher.simulate.job import Config
 
 NAME = "slurm"
 SUMMARY_NOTE = "each node's files stay in its directory (a real job's submit directory is usually shared)"

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from launcher.simulate.config import Config
 from launcher.simulate.hosts.base import HostSpec, plain_hosts
+from launcher.simulate.job import Config
 
 NAME = "vertex"
 SUMMARY_NOTE = "Vertex would upload only what the script writes to AIP_MODEL_DIR (gs://)"
