@@ -28,7 +28,8 @@ class FaultError(RuntimeError):
     """A fault cannot be made here (no writable ``cpu`` cgroup, ...)."""
 
 
-def _send(pid: int, signum: int) -> bool:
+def send(pid: int, signum: int) -> bool:
+    """Send ``signum`` to ``pid``; False if it is gone (or not ours)."""
     try:
         os.kill(pid, signum)
         return True
@@ -44,13 +45,13 @@ def stop_all(pids_of: Callable[[], Iterable[int]]) -> list[int]:
         new = [p for p in pids_of() if p not in stopped and p != os.getpid()]
         if not new:
             break
-        stopped += [p for p in new if _send(p, signal.SIGSTOP)]
+        stopped += [p for p in new if send(p, signal.SIGSTOP)]
     return stopped
 
 
 def continue_all(pids: Iterable[int]) -> int:
     """SIGCONT each process; returns how many still existed."""
-    return sum(_send(p, signal.SIGCONT) for p in pids)
+    return sum(send(p, signal.SIGCONT) for p in pids)
 
 
 # -- CPU starvation: a cgroup of the cpu controller with the smallest quota ---------------------------

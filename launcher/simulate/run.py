@@ -98,14 +98,6 @@ def pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, lock: threading.Lock
     source.close()
 
 
-def _send(pid: int, signum: int) -> bool:
-    try:
-        os.kill(pid, signum)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
 class Simulation:
     """Starts the hosts, streams their output, fires faults, stops the job, leaves nothing behind."""
 
@@ -160,7 +152,7 @@ class Simulation:
     def _stop_host(self, run: HostRun, signum: int, reason: str) -> None:
         targets = self._targets(run) or [run.proc.pid]
         for pid in targets:
-            _send(pid, signum)
+            faults.send(pid, signum)
         run.stopped_by, run.stop_sent = run.stopped_by or reason, time.monotonic()
 
     def stop_job(self, signum: int, reason: str) -> None:
@@ -186,7 +178,7 @@ class Simulation:
         if fault.signum == signal.SIGKILL and run.spec.signal_targets:
             targets.append(run.proc.pid)  # a lost instance takes the toolkit with it
         for pid in targets:
-            _send(pid, fault.signum)
+            faults.send(pid, fault.signum)
         armed.fired_at = now
         if fault.signum != signal.SIGKILL:
             run.stopped_by, run.stop_sent = f"{fault.name} by --fault ({fault.meaning()})", now
