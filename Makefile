@@ -1,5 +1,10 @@
 # Two commands do all the set-up:  `make demo` (the main job) and `make test` (the tests).
-PYTHON ?= python3
+# The development stack (torch 2.14.1 in requirements.txt) needs Python 3.10+; the launcher itself runs on 3.9+.
+# PYTHON: the first of these that is 3.10 or newer (make PYTHON=/path/to/python3.x chooses another).
+PYTHON ?= $(firstword $(foreach p,python3 python3.13 python3.12 python3.11 python3.10,\
+	$(shell command -v $(p) >/dev/null 2>&1 && $(p) -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+	2>/dev/null && echo $(p))))
+PYTHON := $(PYTHON)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -10,6 +15,7 @@ STAMP_V3 := $(VENV_V3)/.installed
 .PHONY: demo test test-fast lint bench clean slurm-packages
 
 $(STAMP): requirements.txt setup.cfg pyproject.toml
+	@test -n "$(PYTHON)" || { echo "make: the development stack (torch 2.14.1) needs Python 3.10 or newer; none of python3, python3.13 ... python3.10 is: set PYTHON=/path/to/python3.x" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
@@ -17,6 +23,7 @@ $(STAMP): requirements.txt setup.cfg pyproject.toml
 	touch $(STAMP)
 
 $(STAMP_V3): requirements-v3.txt
+	@test -n "$(PYTHON)" || { echo "make: SageMaker SDK 3.x needs Python 3.10 or newer: set PYTHON=/path/to/python3.x" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV_V3)
 	$(VENV_V3)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV_V3)/bin/python -m pip install --quiet -r requirements-v3.txt

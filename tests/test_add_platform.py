@@ -1,4 +1,4 @@
-"""The README's "Add a platform" steps, followed literally on a copy of the package: two modules, two
+"""The "Add a platform" steps of docs/architecture.md, followed literally on a copy of the package: two modules, two
 registry lines, and the new platform is detected, resolved, shown by --help and simulated, with a
 simulate option of its own that its builder declares and checks (config.py is not edited)."""
 
@@ -122,7 +122,7 @@ CHECK = textwrap.dedent('''
 
 
 def follow_the_steps(root: Path) -> Path:
-    """A copy of the package with the README's four steps applied; returns the package's parent."""
+    """A copy of the package with the manual's four steps applied; returns the package's parent."""
     package = root / "launcher"
     shutil.copytree(os.path.join(REPO, "launcher"), package, ignore=shutil.ignore_patterns("__pycache__"))
     (package / "platforms" / "toy.py").write_text(PLATFORM_MODULE)                       # step 1
@@ -142,6 +142,18 @@ def follow_the_steps(root: Path) -> Path:
     builders.write_text(text)
     (root / "train.py").write_text("print('never run')\n")
     return root
+
+
+STEPS = ("launcher/platforms/<name>.py", "launcher/simulate/hosts/<name>.py", "launcher/platforms/__init__.py",
+         "launcher/simulate/hosts/__init__.py")
+
+
+def test_the_manual_gives_the_four_steps_this_test_follows() -> None:
+    with open(os.path.join(REPO, "docs", "architecture.md"), encoding="utf-8") as fh:
+        section = fh.read().split("## Add a platform", 1)[1].split("\n## ", 1)[0]
+    steps = re.findall(r"^(\d)\. `([^`]+)`", section, re.M)
+    assert steps == [(str(i), path) for i, path in enumerate(STEPS, 1)]
+    assert "`ORDER`" in section and "`BUILDERS`" in section and "before the generic `env`" in section
 
 
 def test_a_new_platform_is_two_modules_and_two_registry_lines(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The manual says what the parser does: --help and the README's option table come from one table."""
+"""The manual says what the parser does: --help and the option table of docs/options.md come from one table."""
 
 from __future__ import annotations
 
@@ -13,14 +13,17 @@ from launcher.options import help_text, option_rows
 ROW = re.compile(r"^\| `(--[^`]+)` \| `(LAUNCHER_[A-Z_]+)` \| (.+) \|$")
 
 
-def readme_option_rows() -> list[tuple[str, str, str]]:
-    with open(f"{REPO}/README.md", encoding="utf-8") as fh:
+OPTIONS_PAGE = f"{REPO}/docs/options.md"
+
+
+def manual_option_rows() -> list[tuple[str, str, str]]:
+    with open(OPTIONS_PAGE, encoding="utf-8") as fh:
         return [m.groups() for m in map(ROW.match, fh.read().splitlines()) if m]
 
 
-def test_readme_option_table_is_the_parsers():
+def test_the_manuals_option_table_is_the_parsers():
     expected = "\n".join(f"| `{flag}` | `{env}` | {meaning} |" for flag, env, meaning in option_rows())
-    assert readme_option_rows() == option_rows(), f"README's option table should read:\n{expected}"
+    assert manual_option_rows() == option_rows(), f"docs/options.md's option table should read:\n{expected}"
 
 
 def test_help_is_plain_text_from_the_same_tables():
@@ -33,14 +36,14 @@ def test_help_is_plain_text_from_the_same_tables():
         assert re.search(rf"^  {re.escape(platform.name)} ", out, re.M), platform.name
 
 
-def test_readme_platform_defaults_are_the_platforms_attributes():
-    # Grace periods and report limits are facts of the platform modules: the README's table is generated.
+def test_the_manuals_platform_defaults_are_the_platforms_attributes():
+    # Grace periods and report limits are facts of the platform modules: docs/options.md's table is generated.
     expected = [f"| `{pl.name}` | {pl.grace_period:g} s | {pl.report_limit or 'stderr only'} |"
                 for pl, _ in platforms.ORDER]
-    with open(f"{REPO}/README.md", encoding="utf-8") as fh:
+    with open(OPTIONS_PAGE, encoding="utf-8") as fh:
         text = fh.read()
     found = re.findall(r"^\| `[a-z0-9-]+` \| [0-9.]+ s \| (?:\d+|stderr only) \|$", text, re.M)
-    assert found == expected, "README's defaults table should read:\n" + "\n".join(expected)
+    assert found == expected, "docs/options.md's defaults table should read:\n" + "\n".join(expected)
 
 
 def test_help_states_each_platforms_grace_period_and_report_from_its_attributes():

@@ -57,8 +57,8 @@ def test_the_package_map_names_every_module_and_only_existing_ones() -> None:
 
 
 def test_how_it_works_names_functions_that_exist() -> None:
-    # README "How it works": every "`launcher/x.py` `name()`" (and "then `other()`") names a function there.
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+    # docs/architecture.md "How it works": every "`launcher/x.py` `name()`" (and "then `other()`") names a function.
+    with open(os.path.join(REPO, "docs", "architecture.md"), encoding="utf-8") as fh:
         section = fh.read().split("## How it works", 1)[1].split("\n## ", 1)[0]
     pairs = re.findall(r"`(launcher/[a-z_/]+\.py)` `([a-z_]+)\(\)`(?:, then `([a-z_]+)\(\)`)?", section)
     assert len(pairs) >= 6, pairs

@@ -1,0 +1,144 @@
+"""The manual as a site: it builds with ``mkdocs --strict``, every page is in the nav, the pages outside the
+site (README.md, CONTRIBUTING.md) link to files and headings that exist, and a measured figure has one
+value wherever it is quoted."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PYTHON, REPO
+
+DOCS = Path(REPO) / "docs"
+OUTSIDE_THE_SITE = ("README.md", "CONTRIBUTING.md")
+FIGURES_PAGE = "docs/benchmarks.md"
+MARK = re.compile(r"<!--fig:([a-z0-9-]+)-->(.*?)<!--/fig-->")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+# Rows of the option table are the parser's own help text (tests/test_manual.py), not written here.
+GENERATED_ROW = re.compile(r"^\| `--[^`]+` \| `LAUNCHER_[A-Z_]+` \| ")
+MAX_ROW = 300
+INTERNAL_WORDS = re.compile(r"session \d|\bseed script\b|the seed's|main before this change", re.I)
+
+
+def pages() -> dict[str, str]:
+    """Every Markdown file of the manual, by its path from the repository's root."""
+    found = {os.path.relpath(p, REPO): p.read_text(encoding="utf-8") for p in sorted(DOCS.rglob("*.md"))}
+    for name in OUTSIDE_THE_SITE:
+        found[name] = Path(REPO, name).read_text(encoding="utf-8")
+    return found
+
+
+def nav_pages(nav: list) -> list[str]:
+    """The pages ``mkdocs.yml``'s nav names, at any depth."""
+    names: list[str] = []
+    for entry in nav:
+        for value in (entry.values() if isinstance(entry, dict) else [entry]):
+            names += nav_pages(value) if isinstance(value, list) else [value]
+    return names
+
+
+def figure_disagreements(texts: dict[str, str], defining: str) -> list[str]:
+    """Each quoted figure whose value differs from the one ``defining`` gives its key, or that ``defining``
+    does not give, or that ``defining`` gives twice: one line per problem."""
+    defined: dict[str, str] = {}
+    problems = []
+    for key, value in MARK.findall(texts.get(defining, "")):
+        if key in defined:
+            problems.append(f"{defining}: figure {key!r} defined twice")
+        defined[key] = value
+    for path, text in texts.items():
+        if path == defining:
+            continue
+        for key, value in MARK.findall(text):
+            if key not in defined:
+                problems.append(f"{path}: figure {key!r} is not in {defining}")
+            elif value != defined[key]:
+                problems.append(f"{path}: figure {key!r} reads {value!r}, {defining} says {defined[key]!r}")
+    return problems
+
+
+def slug(heading: str) -> str:
+    """The anchor mkdocs (Python-Markdown's toc) and GitHub give a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return re.sub(r"[ ]", "-", text)
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors of a Markdown file's headings (outside code blocks)."""
+    found, in_code = set(), False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        elif not in_code and re.match(r"#{1,6} ", line):
+            found.add(slug(line.lstrip("#")))
+    return found
+
+
+def test_the_site_builds_strictly_with_every_page_in_the_nav(tmp_path: Path) -> None:
+    with open(os.path.join(REPO, "mkdocs.yml"), encoding="utf-8") as fh:
+        config = yaml.safe_load(fh)
+    in_nav = nav_pages(config["nav"])
+    on_disk = sorted(os.path.relpath(p, DOCS) for p in DOCS.rglob("*.md"))
+    assert sorted(in_nav) == on_disk, "mkdocs.yml's nav and the pages under docs/ differ"
+    assert len(in_nav) == len(set(in_nav)), "a page is in the nav twice"
+    out = subprocess.run([PYTHON, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                         cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "WARNING" not in out.stderr, out.stderr
+    site = tmp_path / "site"
+    unbuilt = [p for p in on_disk if not (site / ("" if p == "index.md" else p[:-3]) / "index.html").is_file()]
+    assert unbuilt == [], "pages the build did not write"
+
+def test_readme_and_contributing_link_to_files_and_headings_that_exist() -> None:
+    broken = []
+    for name in OUTSIDE_THE_SITE:
+        text = Path(REPO, name).read_text(encoding="utf-8")
+        for target in LINK.findall(text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = Path(REPO, path) if path else Path(REPO, name)
+            if not file.exists():
+                broken.append(f"{name}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text(encoding="utf-8")):
+                broken.append(f"{name}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_a_measured_figure_has_one_value_wherever_it_is_quoted() -> None:
+    texts = pages()
+    assert len(MARK.findall(texts[FIGURES_PAGE])) >= 15
+    assert figure_disagreements(texts, FIGURES_PAGE) == []
+    quoted = {key for path, text in texts.items() if path != FIGURES_PAGE for key, _ in MARK.findall(text)}
+    assert {"launcher-vs-torchrun", "host-loss-collective", "venv-v3-install", "throughput-bf16"} <= quoted
+
+
+@pytest.mark.parametrize(("quote", "problem"), [
+    ("<!--fig:loss-->1.53 s<!--/fig-->", None),
+    ("<!--fig:loss-->1.06 s<!--/fig-->", "b.md: figure 'loss' reads '1.06 s', a.md says '1.53 s'"),
+    ("<!--fig:ratio-->1.017<!--/fig-->", "b.md: figure 'ratio' is not in a.md"),
+])
+def test_the_figure_check_names_a_disagreement(quote: str, problem: str | None) -> None:
+    texts = {"a.md": "| x | <!--fig:loss-->1.53 s<!--/fig--> |", "b.md": f"the host was lost in {quote}."}
+    assert figure_disagreements(texts, "a.md") == ([problem] if problem else [])
+    twice = {"a.md": "<!--fig:loss-->1<!--/fig--> <!--fig:loss-->2<!--/fig-->"}
+    assert figure_disagreements(twice, "a.md") == ["a.md: figure 'loss' defined twice"]
+
+
+def test_tables_stay_readable_and_the_text_has_no_internal_words() -> None:
+    long_rows, internal = [], []
+    for path, text in pages().items():
+        for number, line in enumerate(text.splitlines(), 1):
+            plain = MARK.sub(r"\2", line)
+            if plain.lstrip().startswith("|") and len(plain) > MAX_ROW and not GENERATED_ROW.match(plain):
+                long_rows.append(f"{path}:{number}: {len(plain)} characters")
+            if INTERNAL_WORDS.search(line):
+                internal.append(f"{path}:{number}: {line.strip()[:80]}")
+    assert long_rows == []
+    assert internal == []
+    assert len(Path(REPO, "README.md").read_text(encoding="utf-8").splitlines()) <= 200
