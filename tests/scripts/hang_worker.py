@@ -10,7 +10,7 @@ Every rank all-reduces once per step and prints ``step=N``. At step ``--at-step`
 - ``sleep``: every rank sleeps for ever (no rank stands out);
 - ``silent``: every rank is silent for ``--silent`` seconds, then the job goes on and ends;
 - ``beat``: like ``silent``, but every rank sends a progress beat every second meanwhile, the one-liner
-  the README documents.
+  docs/hangs.md documents.
 
 Each rank writes ``$SM_OUTPUT_DATA_DIR/rank<R>.json`` (else ``$HANG_RECORD_DIR``): its pid, its ancestors'
 pids, its rank, the steps done, and ``hung_at`` (wall clock) once it stops progressing. The lines the
@@ -89,7 +89,7 @@ def quiet_phase(seconds, beats):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setblocking(False)
     while time.monotonic() < end:
-        if beats:  # the README's one-liner
+        if beats:  # the one-liner of docs/hangs.md
             with contextlib.suppress(OSError, KeyError):
                 sock.sendto(os.environ["RANK"].encode(), os.environ["DDP_LAUNCHER_PROGRESS"])
         time.sleep(min(1.0, max(0.0, end - time.monotonic())))
