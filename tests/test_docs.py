@@ -142,3 +142,23 @@ def test_tables_stay_readable_and_the_text_has_no_internal_words() -> None:
     assert long_rows == []
     assert internal == []
     assert len(Path(REPO, "README.md").read_text(encoding="utf-8").splitlines()) <= 200
+
+
+def test_the_readmes_slurm_example_gives_4_nodes_of_8_processes(tmp_path: Path, monkeypatch) -> None:
+    # The front door's SLURM recipe, as SLURM's srun step would see it on node 2 of 4: 32 processes.
+    from launcher import cli
+
+    readme = Path(REPO, "README.md").read_text(encoding="utf-8")
+    recipe = readme.split("**SLURM**", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert re.findall(r"#SBATCH --(nodes|ntasks-per-node|gpus-per-node)=(\d+)", recipe) == [
+        ("nodes", "4"), ("ntasks-per-node", "1"), ("gpus-per-node", "8")]
+    words = recipe.split("srun --ntasks-per-node=1 ddp-launcher ", 1)[1].split()
+    (tmp_path / words[0]).write_text("print('never run')\n")
+    monkeypatch.chdir(tmp_path)
+    step = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[01-04]", "SLURM_NODEID": "1",
+            "SLURMD_NODENAME": "gpu02", "SLURM_GPUS_ON_NODE": "8", "SLURM_STEP_TASKS_PER_NODE": "1(x4)",
+            "PATH": os.environ.get("PATH", "")}
+    plan = cli.plan(words, step, run_dir=str(tmp_path / "run"))
+    cluster = plan.cluster
+    assert (plan.choice.platform.name, cluster.nnodes, cluster.nproc_per_node, cluster.node_rank,
+            cluster.master_addr) == ("slurm", 4, 8, 1, "gpu01")
