@@ -5,6 +5,8 @@ PYTHON ?= $(firstword $(foreach p,python3 python3.13 python3.12 python3.11 pytho
 	$(shell command -v $(p) >/dev/null 2>&1 && $(p) -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
 	2>/dev/null && echo $(p))))
 PYTHON := $(PYTHON)
+CHECK_PYTHON = "$(PYTHON)" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { echo \
+	"make: the development stack (torch 2.14.1, SageMaker SDK 3.x) needs Python 3.10 or newer; PYTHON='$(PYTHON)' is not one (tried python3, python3.13 ... python3.10): set PYTHON=/path/to/python3.x" >&2; exit 2; }
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -15,7 +17,8 @@ STAMP_V3 := $(VENV_V3)/.installed
 .PHONY: demo test test-fast lint bench clean slurm-packages
 
 $(STAMP): requirements.txt setup.cfg pyproject.toml
-	@test -n "$(PYTHON)" || { echo "make: the development stack (torch 2.14.1) needs Python 3.10 or newer; none of python3, python3.13 ... python3.10 is: set PYTHON=/path/to/python3.x" >&2; exit 2; }
+	@$(CHECK_PYTHON)
+	@echo "make: creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version 2>&1))"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
@@ -23,7 +26,8 @@ $(STAMP): requirements.txt setup.cfg pyproject.toml
 	touch $(STAMP)
 
 $(STAMP_V3): requirements-v3.txt
-	@test -n "$(PYTHON)" || { echo "make: SageMaker SDK 3.x needs Python 3.10 or newer: set PYTHON=/path/to/python3.x" >&2; exit 2; }
+	@$(CHECK_PYTHON)
+	@echo "make: creating $(VENV_V3) with $(PYTHON) ($$($(PYTHON) --version 2>&1))"
 	$(PYTHON) -m venv $(VENV_V3)
 	$(VENV_V3)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV_V3)/bin/python -m pip install --quiet -r requirements-v3.txt
