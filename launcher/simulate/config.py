@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from types import ModuleType
 
+from launcher.command import torch_missing
 from launcher.errors import ConfigError, shown
 from launcher.simulate.hosts import BUILDERS, DEFAULT, builder
 from launcher.simulate.job import (
@@ -254,6 +255,9 @@ def build_config(argv: Sequence[str], cwd: str) -> Config:
     if partition is not None and args.network == "loopback":
         raise ConfigError(f"--fault {partition.host}:{partition.kind} needs --network netns (every host is "
                           "127.0.0.1 with --network loopback)")
+    missing = torch_missing()  # every host's launcher would refuse: said once, before any host starts
+    if missing:
+        raise ConfigError(missing)
     if hasattr(chosen, "check_options"):
         script, script_args, options = chosen.check_options(args, hosts, job_name, script_words, cwd)
     else:

@@ -60,17 +60,17 @@ def package_dir() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def package_files(root: Optional[str] = None) -> list[str]:
+def package_files(root: Optional[str] = None, skip: frozenset[str] = NOT_SHIPPED) -> list[str]:
     """The package's ``.py`` files relative to ``root`` (default: :func:`package_dir`), sorted.
 
     Only directories that are packages (hold ``__init__.py``) are entered; caches, hidden
-    directories and :data:`NOT_SHIPPED` sub-packages are skipped.
+    directories and the ``skip`` sub-packages (default :data:`NOT_SHIPPED`) are skipped.
     """
     root = root or package_dir()
     found: list[str] = []
     for current, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__"))
-                         and not (current == root and d in NOT_SHIPPED)
+                         and not (current == root and d in skip)
                          and os.path.isfile(os.path.join(current, d, "__init__.py")))
         found.extend(os.path.relpath(os.path.join(current, name), root)
                      for name in files if name.endswith(".py"))
