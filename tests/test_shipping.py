@@ -13,7 +13,9 @@ import glob
 import importlib.metadata
 import json
 import os
+import shlex
 import shutil
+import socket
 import subprocess
 import time
 import zipfile
@@ -258,3 +260,185 @@ def test_the_pyz_unpacks_once_into_tmpdir_when_home_is_not_writable(dist, stock,
     assert len(unpacked) == 1 and os.path.isfile(os.path.join(unpacked[0], ".unpacked"))
     assert sorted(os.listdir(os.path.dirname(unpacked[0]))) == [os.path.basename(unpacked[0])]  # no leftovers
     assert os.path.isfile(os.path.join(unpacked[0], "launcher", "bootstrap.py"))
+
+
+# --- every example's command line, run as written (a dry run) in the stock image's Python -------------------------
+
+def container_words(command: list[str]) -> list[str]:
+    """A container's command as it runs: ``bash -c "pip install ... && exec CMD"`` gives CMD's words."""
+    if command[:2] == ["bash", "-c"]:
+        return shlex.split(command[2].rsplit("exec ", 1)[1])
+    return list(command)
+
+
+class Stage:
+    """The stock image's file system for the examples: the ConfigMap or volume at /opt/ddp (the pyz and the
+    training scripts, as ``kubectl create configmap --from-file`` puts them), a checkout with ``dist/`` for
+    the shell scripts, and the Python (``python`` on PATH) that has torch and nothing else."""
+
+    def __init__(self, dist: dict[str, str], stock: dict[str, str], root) -> None:
+        self.python = stock["torch_only"]
+        self.opt = root / "opt-ddp"
+        self.checkout = root / "checkout"
+        self.data = root / "data"
+        for directory in (self.opt, self.checkout / "dist", self.data):
+            directory.mkdir(parents=True)
+        for name in os.listdir(os.path.join(REPO, "train_scripts")):
+            if name.endswith(".py"):
+                shutil.copy(os.path.join(REPO, "train_scripts", name), self.opt / name)
+        shutil.copy(dist["pyz"], self.opt / "ddp-launcher.pyz")
+        shutil.copy(dist["pyz"], self.checkout / "dist" / "ddp-launcher.pyz")
+        os.symlink(os.path.join(REPO, "train_scripts"), self.checkout / "train_scripts")
+        self.mounts = {"/opt/ddp": str(self.opt), "/code": os.path.join(REPO, "train_scripts"),
+                       "/gcs/YOUR_BUCKET/ddp": str(self.opt), "/data": str(self.data)}
+        self.bin = os.path.dirname(self.python)
+
+    def words(self, argv: list[str]) -> list[str]:
+        """The argv with the image's paths placed here and ``python`` the stock Python."""
+        out = []
+        for word in argv:
+            for mount, here in self.mounts.items():
+                if word == mount or word.startswith(mount + "/"):
+                    word = here + word[len(mount):]
+            out.append(self.python if word == "python" else word)
+        return out
+
+    def env(self, tmp_path, platform_env: dict[str, str]) -> dict[str, str]:
+        env = clean_env(tmp_path, LAUNCHER_DRY_RUN="true", LAUNCHER_JSON="true", **platform_env)
+        env["PATH"] = self.bin + os.pathsep + env["PATH"]
+        return env
+
+
+def dry_run(argv: list[str], env: dict[str, str], cwd) -> dict:
+    proc = subprocess.run(argv, cwd=str(cwd), env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (argv, proc.stderr[-2000:])
+    plan = json.loads(proc.stdout[proc.stdout.index("{"):])
+    script = plan["argv"][plan["argv"].index("--tee") + 5]
+    assert os.path.isfile(os.path.join(str(cwd), script)), script  # the script the example names is there
+    return plan
+
+
+@pytest.fixture(scope="module")
+def stage(dist, stock, tmp_path_factory) -> Stage:
+    return Stage(dist, stock, tmp_path_factory.mktemp("stage"))
+
+
+def _check(plans: list[dict], platform: str) -> None:
+    assert [p["platform"] for p in plans] == [platform] * len(plans)
+    assert sorted(p["cluster"]["node_rank"] for p in plans) == list(range(len(plans)))
+    assert {p["cluster"]["nnodes"] for p in plans} == {len(plans)}
+    for p in plans:
+        assert not [n for n in p["notes"] if "instead of" in n or "torch is not installed" in n], p["notes"]
+
+
+@pytest.mark.parametrize("name", ["pytorchjob-per-pod.yaml", "pytorchjob-nproc-per-node.yaml", "trainjob.yaml",
+                                  "jobset-retry.yaml", "docker-compose.yaml"])
+def test_each_container_example_runs_as_written_in_the_stock_image(name, stage, tmp_path):
+    import test_platform_examples as spec
+
+    job = spec.load(name)
+    if name.startswith("pytorchjob"):
+        replicas = job["spec"]["pytorchReplicaSpecs"]
+        commands = [c["command"] for kind in ("Master", "Worker") for c in
+                    replicas[kind]["template"]["spec"]["containers"] * replicas[kind]["replicas"]]
+        cases = [(cmd, env, "/workspace") for cmd, env in zip(commands, spec.pytorchjob_envs(job))]
+        platform = "kubeflow"
+    elif name == "trainjob.yaml":
+        cases = [(job["spec"]["trainer"]["command"], env, "/workspace") for env in spec.trainjob_envs(job)]
+        platform = "kubeflow-v2"
+    elif name == "jobset-retry.yaml":
+        pod = job["spec"]["replicatedJobs"][0]["template"]["spec"]
+        container = pod["template"]["spec"]["containers"][0]
+        plain = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        cases = [(container["command"], {**plain, "NODE_RANK": str(i)}, "/workspace")
+                 for i in range(pod["completions"])]
+        platform = "env"
+    else:
+        services = job["services"].values()
+        cases = [(svc["command"], svc["environment"], svc["working_dir"]) for svc in services]
+        platform = "env"
+    plans = []
+    for command, env, workdir in cases:
+        cwd = stage.mounts.get(workdir, str(tmp_path))  # the image's working directory
+        plans.append(dry_run(stage.words(container_words(command)), stage.env(tmp_path, env), cwd))
+    _check(plans, platform)
+
+
+def test_vertex_runs_the_installed_source_distribution(stage, stock, tmp_path):
+    import test_platform_examples as spec
+
+    pools = spec.load("vertex-worker-pools.json")["jobSpec"]["workerPoolSpecs"]
+    package = [spec_["pythonPackageSpec"] for spec_ in pools for _ in range(spec_["replicaCount"])]
+    assert all(os.path.basename(p["packageUris"][0]).startswith("ddp_launcher-") for p in package)
+    plans = [dry_run([stock["with_wheel"], "-m", p["pythonModule"], *stage.words(p["args"])],
+                     stage.env(tmp_path, env), tmp_path) for p, env in zip(package, spec.vertex_envs(pools))]
+    _check(plans, "vertex")
+
+
+def test_oci_runs_the_bundle_as_its_job_artifact(stage, tmp_path):
+    import test_platform_examples as spec
+
+    group = spec.oci_group()
+    artifact = tmp_path / "artifact"
+    made = run([stage.python, str(stage.opt / "ddp-launcher.pyz"), "bundle", str(stage.opt / "train_digits.py"),
+                "--out", str(artifact)], tmp_path)
+    assert made.returncode == 0, made.stderr
+    details = group["jobConfigurationDetails"]
+    entry = details["environmentVariables"]["JOB_RUN_ENTRYPOINT"]
+    plans = [dry_run([stage.python, entry, *shlex.split(details["commandLineArguments"])],
+                     stage.env(tmp_path, env), artifact) for env in spec.oci_envs(group, tmp_path)]
+    _check(plans, "oci")
+
+
+STUB = "#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec \"$@\"\n"  # srun/pbsdsh: run the command here
+
+
+@pytest.mark.parametrize("name", ["slurm_train.sbatch", "slurm_requeue.sbatch", "skypilot-retry.yaml",
+                                  "pbs_train.sh"])
+def test_each_shell_example_runs_as_written_with_the_pyz(name, stage, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(STUB)
+    (bin_dir / "srun").chmod(0o755)
+    checkout = stage.checkout
+    nodes = 2
+    if name.endswith(".sbatch"):
+        argv = ["bash", os.path.join(REPO, "examples", name)]
+        envs = [{"SLURM_JOB_ID": "4242", "SLURM_JOBID": "4242", "SLURM_STEP_ID": "0", "SLURM_NODEID": str(i),
+                 "SLURM_PROCID": str(i), "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "node[1-2]",
+                 "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1",
+                 "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURMD_NODENAME": f"node{i + 1}", "PYTHON": stage.python,
+                 "RUN": str(tmp_path / "run")} for i in range(nodes)]
+        platform = "slurm"
+    elif name == "skypilot-retry.yaml":
+        import test_platform_examples as spec
+
+        argv = ["bash", "-c", spec.load(name)["run"]]
+        envs = [{"SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2", "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_RANK": str(i)}
+                for i in range(nodes)]
+        platform = "env"
+    else:  # PBS: the command each pbsdsh task runs, after its module set-up, in $PBS_O_WORKDIR
+        with open(os.path.join(REPO, "examples", name), encoding="utf-8") as fh:
+            line = next(t for t in fh if "ddp-launcher.pyz" in t and "&&" in t)
+        checkout = tmp_path / "pbs"
+        checkout.mkdir()
+        shutil.copy(stage.opt / "ddp-launcher.pyz", checkout)
+        (checkout / "main.py").write_text("import torch\n")  # the site's own training script
+        node_file = tmp_path / "nodefile"  # this machine is the first node (its name cannot be changed here)
+        node_file.write_text(f"{socket.gethostname()}\nother-node\n")
+        argv = ["bash", "-c", line.split("&&", 1)[1]]
+        envs = [{"PBS_JOBID": "31337.pbs01", "PBS_NODEFILE": str(node_file), "PBS_O_WORKDIR": str(checkout)}]
+        platform = "pbs"
+    plans = []
+    for env in envs:
+        full = stage.env(tmp_path, env)
+        full["PATH"] = f"{bin_dir}{os.pathsep}{full['PATH']}"
+        plans.append(dry_run(argv, full, checkout))
+    if platform != "pbs":
+        _check(plans, platform)
+    else:
+        (plan,) = plans
+        assert (plan["platform"], plan["cluster"]["nnodes"], plan["cluster"]["node_rank"]) == ("pbs", 2, 0)
+        assert plan["cluster"]["nproc_per_node"] == 2  # the job's ngpus=2, as the comment says
+    if name == "slurm_train.sbatch":  # no GPU here: one process per node, the platform's own count
+        assert [p["cluster"]["nproc_per_node"] for p in plans] == [1, 1]
