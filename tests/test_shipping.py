@@ -262,6 +262,20 @@ def test_the_pyz_unpacks_once_into_tmpdir_when_home_is_not_writable(dist, stock,
     assert os.path.isfile(os.path.join(unpacked[0], "launcher", "bootstrap.py"))
 
 
+def test_hosts_that_share_a_home_unpack_the_pyz_once_at_the_same_time(dist, stock, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    env = clean_env(tmp_path)
+    procs = [subprocess.Popen([stock["torch_only"], dist["pyz"], "--dry-run", "--json", "train.py"], cwd=str(tmp_path),
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    assert [code for code, _out, _err in results] == [0] * 4, [err for _code, _out, err in results]
+    cache = tmp_path / "home" / ".cache" / "ddp-launcher"
+    (build,) = os.listdir(cache)  # one copy, no half-unpacked leftovers
+    assert os.path.isfile(cache / build / ".unpacked")
+    assert {json.loads(out)["argv"][-2].startswith(str(cache / build)) for _code, out, _err in results} == {True}
+
+
 # --- every example's command line, run as written (a dry run) in the stock image's Python -------------------------
 
 def container_words(command: list[str]) -> list[str]:
