@@ -255,13 +255,13 @@ def build_config(argv: Sequence[str], cwd: str) -> Config:
     if partition is not None and args.network == "loopback":
         raise ConfigError(f"--fault {partition.host}:{partition.kind} needs --network netns (every host is "
                           "127.0.0.1 with --network loopback)")
-    missing = torch_missing()  # every host's launcher would refuse: said once, before any host starts
-    if missing:
-        raise ConfigError(missing)
     if hasattr(chosen, "check_options"):
         script, script_args, options = chosen.check_options(args, hosts, job_name, script_words, cwd)
     else:
         (script, script_args), options = plain_script(script_words, cwd), PlatformOptions()
+    missing = torch_missing()  # every host's launcher would refuse: said once, before any host starts
+    if missing:
+        raise ConfigError(missing)
     return Config(args.platform, hosts, args.nproc_per_node, _workdir(args, job_name, cwd), job_name, script,
                   faults, args.grace_period, script_args, network=args.network,
                   platform_stop=args.platform_stop == "on", deadline=args.deadline, options=options)
