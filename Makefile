@@ -53,7 +53,6 @@ test-fast: $(STAMP)
 dist: $(STAMP)
 	rm -rf dist
 	$(PY) -m build --no-isolation --outdir dist .
-	rm -rf build ddp_launcher.egg-info
 	$(PY) -m launcher zipapp --out dist/ddp-launcher.pyz
 
 bench: $(STAMP)
