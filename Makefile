@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 VENV_V3  ?= .venv-v3
 STAMP_V3 := $(VENV_V3)/.installed
 
-.PHONY: demo test test-fast lint bench clean slurm-packages
+.PHONY: demo test test-fast lint bench clean slurm-packages dist
 
 $(STAMP): requirements.txt setup.cfg pyproject.toml
 	@$(CHECK_PYTHON)
@@ -58,8 +58,16 @@ test-fast: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n auto -m "$(FAST)"
 
+# What users install (docs/install.md): dist/ddp-launcher.pyz (one file: python ddp-launcher.pyz ... with any
+# Python 3.9+ that has torch), the wheel (pip install gives the ddp-launcher command) and the sdist (Vertex AI's
+# pythonPackageSpec). Built from this checkout with the venv's setuptools: no download.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+	$(PY) -m launcher zipapp --out dist/ddp-launcher.pyz
+
 bench: $(STAMP)
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(VENV_V3) runs
+	rm -rf $(VENV) $(VENV_V3) runs dist

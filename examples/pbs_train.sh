@@ -10,10 +10,11 @@
 cd "$PBS_O_WORKDIR" || exit 2
 # pbsdsh -u starts one task per node (without -u: one per line of the node file, i.e. per core).
 # Each task sets up its own environment: pbsdsh starts it without a login shell. --nproc-per-node 2:
-# ngpus=2 per chunk (the node may show more GPU devices than the job was given).
+# ngpus=2 per chunk (the node may show more GPU devices than the job was given). The launcher is one file
+# on the shared file system (make dist; copy dist/ddp-launcher.pyz beside main.py: docs/install.md).
 pbsdsh -u -- bash -c "
   source /etc/profile.d/modules.sh
   module load anaconda3/2022.05-gcc/9.5.0 cuda/11.6.2-gcc/9.5.0 cudnn/8.1.0.77-11.2-gcc/9.5.0
   source activate pytorch
-  cd '$PBS_O_WORKDIR' && python -m launcher --nproc-per-node 2 main.py --epochs 2
+  cd '$PBS_O_WORKDIR' && python ddp-launcher.pyz --nproc-per-node 2 main.py --epochs 2
 "

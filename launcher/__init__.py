@@ -8,6 +8,8 @@ imports torch in its own process.
 Map of the modules, in the order a launch goes through them (``tests/test_structure.py`` checks that it
 names every module and only modules that exist):
 
+- ``entry``: the front door (``ddp-launcher``, ``python -m launcher``, the zipapp): parses on Python 2.7+ and refuses
+  a Python older than 3.9 in one line, then runs ``cli``.
 - ``cli``: ties it together (``python -m launcher``, ``ddp-launcher``): ``plan()`` decides, ``run()`` starts.
 - ``options``: the launcher's own options (flags, ``LAUNCHER_*``, a platform's own argv form) and ``--help``.
 - ``errors``: ``ConfigError`` (bad input: exit 2, one line), how a bad value is quoted, bounded numbers.
@@ -44,6 +46,7 @@ names every module and only modules that exist):
 - ``failure``: torchrun's evidence: the root cause, the code the worker asked for, the report's text and file.
 - ``report``: the verdict: class, exit code and report (the job watch's cause first, one limit per platform),
   the no-rendezvous diagnosis, and the outcome file (``docs/outcome.schema.json``).
+- ``pyz``: the launcher as one file (``ddp-launcher zipapp``, ``make dist``): the zipapp and how it unpacks.
 - ``simulate/``: N hosts of a platform as N launcher processes on one machine (``ddp-launcher simulate``).
 
   - ``simulate/job``: simulate's neutral job description (``Config``, ``Fault``, ``PlatformOptions``),

@@ -1,7 +1,7 @@
-"""``python -m launcher``: see :mod:`launcher.cli`."""
+"""``python -m launcher``: see :mod:`launcher.entry` (the Python is checked first) and :mod:`launcher.cli`."""
 
 import sys
 
-from launcher.cli import main
+from launcher.entry import main
 
 sys.exit(main())

@@ -6,6 +6,7 @@ Usage:
     ddp-launcher --train-script train.py [--key value ...]  # SageMaker form: AWS's pairs (see options)
     ddp-launcher simulate --hosts 2 [...] -- train.py [script args...]             # see simulate --help
     ddp-launcher bundle train.py --out DIR       # stage what a SageMaker estimator uploads
+    ddp-launcher zipapp --out ddp-launcher.pyz   # the launcher as one file (python ddp-launcher.pyz ...)
 
 The launcher runs once on every host. It finds the platform (below), works out the number of nodes,
 this node's rank, the master and the processes per node, and starts one torchrun with the script
@@ -45,6 +46,7 @@ from launcher.command import (
     cluster_for,
     job_identity,
     master_port,
+    torch_missing,
     watch_ports,
     watch_secret,
 )
@@ -122,6 +124,11 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     host = host_view(options)
     cluster = cluster_for(choice.platform, environ, host, options)
     _check_script(invocation.script)
+    missing = None if groups.outside(cluster) else torch_missing()  # outside the world: no torchrun
+    if missing and not options.dry_run:
+        raise ConfigError(missing)
+    if missing:
+        notes.append(f"{missing}: a run would stop here (exit code 2)")
     if run_dir is None:
         check_tmpdir(environ)
     token = f"{os.getpid()}-{os.urandom(8).hex()}"
@@ -334,6 +341,10 @@ def _main(args: list[str]) -> int:
         from launcher.platforms.sagemaker.bundle import main as bundle_main
 
         return bundle_main(args[1:])
+    if args and args[0] == "zipapp":
+        from launcher.pyz import main as pyz_main
+
+        return pyz_main(args[1:])
     if args and args[0] in ("-h", "--help"):
         streams.write(sys.stdout, help_text(__doc__, platforms.help_rows(), platforms.argv_help()) + "\n")
         return 0

@@ -12,6 +12,7 @@ changes what torchrun does behind the dry run's back.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -132,6 +133,16 @@ def watch_secret(options: Options, environ: Mapping[str, str]) -> Optional[bytes
         return secret
     text = environ.get(SECRET_VARIABLE, "")
     return text.encode() if text else None
+
+
+def torch_missing() -> Optional[str]:
+    """Why this Python cannot run torchrun (torch is not importable here), or None. torch is looked up
+    (``importlib.util.find_spec``), never imported: the launcher's process stays free of it."""
+    if importlib.util.find_spec("torch") is not None:
+        return None
+    version = ".".join(map(str, sys.version_info[:3]))
+    return (f"torch is not installed in the Python that would run torchrun: {shown(sys.executable)} "
+            f"(Python {version}); install torch there, or start the launcher with the Python that has it")
 
 
 def build_launch(cluster: Cluster, options: Options, script: str, script_args: Sequence[str],

@@ -330,7 +330,7 @@ def parse_invocation(argv: Sequence[str], environ: Mapping[str, str]) -> Invocat
 
 
 def option_rows() -> list[tuple[str, str, str]]:
-    """``(flag and value, environment variable, meaning)`` per option: the help and README tables."""
+    """``(flag and value, environment variable, meaning)`` per option: the help and docs/options.md tables."""
     rows = []
     for spec in SPECS:
         flag = spec.flags[0] if spec.is_bool else f"{spec.flags[0]} {spec.metavar}"

@@ -191,3 +191,40 @@ def test_api_refuses_before_writing(scripts, tmp_path):
     with pytest.raises(bundle.BundleError, match="pip-install"):
         bundle.stage_bundle(str(scripts / "train_x.py"), str(dest), [str(scripts / "requirements.txt")])
     assert not dest.exists()
+
+
+def test_staging_again_replaces_the_earlier_bundle(scripts, tmp_path):
+    """A notebook cell run twice: the same directory, now with another extra file and a changed script."""
+    dest = tmp_path / "bundle"
+    extra = tmp_path / "model_def.py"
+    extra.write_text("X = 1\n")
+    bundle.stage_bundle(str(scripts / "train_x.py"), str(dest), [str(extra)])
+    assert "model_def.py" in bundle.list_bundle(str(dest))
+    (dest / "launcher" / "stale.py").write_text("# a module the package no longer has\n")
+    (scripts / "train_x.py").write_text(SCRIPT + "# changed\n")
+    for _ in range(2):
+        assert bundle.stage_bundle(str(scripts / "train_x.py"), str(dest)) == str(dest)
+        assert bundle.list_bundle(str(dest)) == _expected(["train_x.py", "ddp_utils.py"], _repo_package_files())
+        assert _read(dest / "train_x.py") == (SCRIPT + "# changed\n").encode()
+    # the command line too: the same --out twice
+    for _ in range(2):
+        proc = subprocess.run([PYTHON, "-m", "launcher", "bundle", str(scripts / "train_x.py"), "--out", str(dest)],
+                              cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == bundle.list_bundle(str(dest))
+
+
+@pytest.mark.parametrize("added", ["data.csv", "subdir", "launch.py edited"])
+def test_a_bundle_with_files_added_by_hand_is_not_replaced(added, scripts, tmp_path):
+    dest = tmp_path / "bundle"
+    bundle.stage_bundle(str(scripts / "train_x.py"), str(dest))
+    if added == "subdir":
+        (dest / "subdir").mkdir()
+    elif added == "data.csv":
+        (dest / "data.csv").write_text("1,2\n")
+    else:
+        (dest / "launch.py").write_text("print('mine')\n")
+    before = {n: _read(dest / n) for n in bundle.list_bundle(str(dest))}
+    with pytest.raises(FileExistsError, match="did not stage|no bundle staged"):
+        bundle.stage_bundle(str(scripts / "train_x.py"), str(dest))
+    assert {n: _read(dest / n) for n in bundle.list_bundle(str(dest))} == before  # nothing removed

@@ -58,46 +58,61 @@ def test_pytorchjob_nproc_per_node(tmp_path):
     assert (c.platform, c.nnodes, c.master_addr, c.nproc_per_node) == ("kubeflow", 4, "ddp-resnet-master-0", 2)
 
 
-def test_trainjob(tmp_path):
-    job = load("trainjob.yaml")
+def trainjob_envs(job):
+    """Kubeflow Trainer v2's torch runtime: the PET_* variables of every node."""
     name, trainer = job["metadata"]["name"], job["spec"]["trainer"]
-    envs = [{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "PET_NNODES": str(trainer["numNodes"]),
+    return [{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "PET_NNODES": str(trainer["numNodes"]),
              "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]), "PET_NODE_RANK": str(i),
              "PET_MASTER_ADDR": f"{name}-node-0-0.{name}", "PET_MASTER_PORT": "29500"}
             for i in range(trainer["numNodes"])]
+
+
+def test_trainjob(tmp_path):
+    job = load("trainjob.yaml")
     (tmp_path / "nvidia0").touch()  # resourcesPerNode asks for one GPU: "auto" finds it
-    c = resolve_all(envs, tmp_path)
+    c = resolve_all(trainjob_envs(job), tmp_path)
     assert (c.platform, c.nnodes, c.master_addr, c.master_port, c.nproc_per_node) == \
         ("kubeflow-v2", 2, "ddp-cifar-node-0-0.ddp-cifar", 29500, 1)
 
 
-def test_oci_multi_node_job_run(tmp_path):
-    group = load("oci-job-run.json")["jobNodeConfigurationDetails"]["jobNodeGroupConfigurationDetailsList"][0]
+def oci_group():
+    return load("oci-job-run.json")["jobNodeConfigurationDetails"]["jobNodeGroupConfigurationDetailsList"][0]
+
+
+def oci_envs(group, tmp_path):
+    """OCI's variables on every node of the group, and the nodes' metadata file (written in ``tmp_path``)."""
     count = group["replicas"]
     meta = tmp_path / "nodes.json"
     meta.write_text(json.dumps([{"Rank": str(i), "IPAddress": f"10.0.1.{i + 5}"} for i in range(count)]))
-    envs = [{**group["jobConfigurationDetails"]["environmentVariables"], "JOB_RUN_OCID": "ocid1.datasciencejobrun.x",
+    return [{**group["jobConfigurationDetails"]["environmentVariables"], "JOB_RUN_OCID": "ocid1.datasciencejobrun.x",
              "NODE_RANK": str(i), "NODE_COUNT": str(count), "CLUSTER_NODES_METADATA_FILE": str(meta)}
             for i in range(count)]
-    c = resolve_all(envs, tmp_path)
+
+
+def test_oci_multi_node_job_run(tmp_path):
+    c = resolve_all(oci_envs(oci_group(), tmp_path), tmp_path)
     assert (c.platform, c.nnodes, c.master_addr, c.master_port) == ("oci", 2, "10.0.1.5", 29400)
+
+
+def vertex_envs(pools):
+    """Vertex's CLUSTER_SPEC in every replica of every pool, in pool order."""
+    cluster = {f"workerpool{p}": [f"cmle-training-workerpool{p}-ab-{i}:2222" for i in range(spec["replicaCount"])]
+               for p, spec in enumerate(pools)}
+    return [{"CLUSTER_SPEC": json.dumps({"cluster": cluster, "environment": "cloud",
+                                         "task": {"type": pool, "index": i}})}
+            for pool, hosts in cluster.items() for i in range(len(hosts))]
 
 
 def test_vertex_worker_pools(tmp_path):
     pools = load("vertex-worker-pools.json")["jobSpec"]["workerPoolSpecs"]
-    cluster = {f"workerpool{p}": [f"cmle-training-workerpool{p}-ab-{i}:2222" for i in range(spec["replicaCount"])]
-               for p, spec in enumerate(pools)}
-    envs = [{"CLUSTER_SPEC": json.dumps({"cluster": cluster, "environment": "cloud",
-                                         "task": {"type": pool, "index": i}})}
-            for pool, hosts in cluster.items() for i in range(len(hosts))]
-    c = resolve_all(envs, tmp_path)
+    c = resolve_all(vertex_envs(pools), tmp_path)
     assert (c.platform, c.nnodes, c.master_addr, c.master_port) == ("vertex", 3, "cmle-training-workerpool0-ab-0",
                                                                      2222)
-    assert all(spec["containerSpec"]["command"] == ["ddp-launcher"] for spec in pools)
+    assert all(spec["pythonPackageSpec"]["pythonModule"] == "launcher" for spec in pools)
 
 
 def test_docker_compose(tmp_path):
     services = load("docker-compose.yaml")["services"]
     c = resolve_all([svc["environment"] for svc in services.values()], tmp_path)
     assert (c.platform, c.nnodes, c.master_addr, c.master_port) == ("env", 2, "node0", 29500)
-    assert all(svc["command"][0] == "ddp-launcher" for svc in services.values())
+    assert all("ddp-launcher.pyz" in " ".join(svc["command"]) for svc in services.values())

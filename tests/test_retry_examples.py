@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 
@@ -56,7 +57,9 @@ def test_the_jobset_fails_at_once_on_any_other_code(tmp_path):
     ranks = []
     for index in range(job["completions"]):
         env = {**plain, "NODE_RANK": str(index)}
-        ranks.append(resolve_cluster(env, parse_invocation(container["command"][3:], {}).options).node_rank)
+        words = shlex.split(container["command"][2].rsplit("exec ", 1)[1])  # bash -c "pip install ... && exec ..."
+        assert words[:2] == ["python", "/opt/ddp/ddp-launcher.pyz"]
+        ranks.append(resolve_cluster(env, parse_invocation(words[2:], {}).options).node_rank)
     assert ranks == [0, 1]
 
 

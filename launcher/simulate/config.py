@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from types import ModuleType
 
+from launcher.command import torch_missing
 from launcher.errors import ConfigError, shown
 from launcher.simulate.hosts import BUILDERS, DEFAULT, builder
 from launcher.simulate.job import (
@@ -258,6 +259,9 @@ def build_config(argv: Sequence[str], cwd: str) -> Config:
         script, script_args, options = chosen.check_options(args, hosts, job_name, script_words, cwd)
     else:
         (script, script_args), options = plain_script(script_words, cwd), PlatformOptions()
+    missing = torch_missing()  # every host's launcher would refuse: said once, before any host starts
+    if missing:
+        raise ConfigError(missing)
     return Config(args.platform, hosts, args.nproc_per_node, _workdir(args, job_name, cwd), job_name, script,
                   faults, args.grace_period, script_args, network=args.network,
                   platform_stop=args.platform_stop == "on", deadline=args.deadline, options=options)
