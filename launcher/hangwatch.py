@@ -9,12 +9,13 @@ job watch's ``hang`` messages; see :class:`launcher.jobwatch.Extension`):
 
 1. ``freeze``: every launcher stops its workers (SIGSTOP) and says ``frozen``: from now on no worker can
    die or notice that another did, so no stack changes while the others are taken;
-2. ``dump``: every launcher sends :data:`launcher.stacks.STACK_SIGNAL` (SIGABRT) and SIGCONT to its workers.
-   They run with ``PYTHONFAULTHANDLER=1`` (unless the user set it), so each writes the stack of every
-   thread to its stderr file and ends; its core size limit is set to 0 first, so no core file is written. Each launcher
-   reads the dumps straight from those files, torchrun held stopped meanwhile (:mod:`launcher.stacks`:
-   bounded under load), and sends node 0 its ranks' positions (``stacks``: each innermost frame in user
-   code, and why a rank gave no stack). The stacks reach each host's log in full, as every worker line does;
+2. ``dump``: every launcher sends :data:`launcher.stacks.STACK_SIGNAL` (SIGABRT) and SIGCONT to its
+   workers. They run with ``PYTHONFAULTHANDLER=1`` (unless the user set it), so each writes the stack of
+   every thread to its stderr file and ends; its core size limit is set to 0 first, so no core file is
+   written. Each launcher reads the dumps straight from those files, torchrun held stopped meanwhile
+   (:mod:`launcher.stacks`: bounded under load), and sends node 0 its ranks' positions (``stacks``: each
+   innermost frame in user code, and why a rank gave no stack). The stacks reach each host's log in full,
+   as every worker line does;
 3. ``verdict``: node 0 names the odd one out in one sentence (:mod:`launcher.hang`), or the rank that gave
    no stack while every other rank waits for the others, and sends it to every host; it starts every
    host's report, the job ends with exit code 124 (class ``hang``, :mod:`launcher.codes`) everywhere.
@@ -28,6 +29,7 @@ once per silence; nothing is stopped for it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -51,6 +53,7 @@ HANG_GRACE = 2.0  # a hung worker runs no Python SIGTERM handler: a longer grace
 TICK = 1.0  # how often the silence is judged
 TURN = 0.2  # how often another host looks for node 0's orders
 MAX_GROUPS_BYTES = 3000  # what a ``stacks`` message carries (the job watch's lines are at most 4096 bytes)
+MAX_WHY_BYTES = 600  # ... and why ranks gave no stack, in the same line
 # NCCL's Flight Recorder (torch >= 2.3): ring buffer of the last collectives, written out on a timeout.
 NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 NCCL_DUMP_WAIT = 2.0  # seconds the Flight Recorder gets to write its traces
@@ -255,7 +258,7 @@ class HangWatch:
                 ranks = sorted(self.hosts)
                 positions = self._dump(self._workers())
                 self._post({"phase": "stacks", "ranks": ranks, "groups": _write_groups(positions),
-                            "why": [[r, w[:100]] for r, w in sorted(self._why.items())][:256]})
+                            "why": _write_why(self._why)})
             elif phase == "verdict":
                 rank, host = message.get("rank"), message.get("host")
                 self.culprit = (rank if isinstance(rank, int) else None, str(host)[:100] if host else None)
@@ -277,10 +280,11 @@ class HangWatch:
                      for pos in [hang.position(threads, (OWN_DIR,))] if pos is not None}
         self._positions = positions
         self._why = {rank: why for rank, why in taken.why.items() if rank not in positions}
-        self._why.update({rank: "no stack" for rank in self.hosts if rank not in positions and rank not in self._why})
+        self._why.update({rank: "" for rank in self.hosts if rank not in positions and rank not in self._why})
         self.details = [f"rank {rank} ({self.hosts.get(rank, '?')}): " + (
             f"{positions[rank].where()}" + (f", in {positions[rank].call}" if positions[rank].call else "")
-            if rank in positions else f"no stack ({self._why[rank]})") for rank in sorted({*positions, *self._why})]
+            if rank in positions else "no stack" + (f" ({self._why[rank]})" if self._why[rank] else ""))
+            for rank in sorted({*positions, *self._why})]
         return dict(positions)
 
     def _nccl_dumps(self) -> None:
@@ -352,11 +356,26 @@ def _write_groups(positions: Mapping[int, hang.Position]) -> list[list[Any]]:
     return out
 
 
+def _write_why(why: Mapping[int, str]) -> list[list[Any]]:
+    """Why ranks gave no stack as ``[[reason, [ranks]], ...]``, within :data:`MAX_WHY_BYTES`."""
+    groups: dict[str, list[int]] = {}
+    for rank, reason in sorted(why.items()):
+        groups.setdefault(reason[:60], []).append(rank)
+    out: list[list[Any]] = []
+    size = 0
+    for reason, ranks in groups.items():
+        size += len(json.dumps([reason, ranks])) + 2
+        if size > MAX_WHY_BYTES:
+            break
+        out.append([reason, ranks])
+    return out
+
+
 def _read_why(items: object) -> dict[int, str]:
-    """Another host's ``why`` (``[[rank, reason], ...]``): raises on a malformed value."""
+    """The inverse of :func:`_write_why`, from another host: raises on a malformed value."""
     if not isinstance(items, list):
         raise ValueError("why")
-    return {int(rank): str(reason)[:100] for rank, reason in items[:4096]}
+    return {int(rank): str(reason)[:60] for reason, ranks in items[:64] for rank in ranks[:4096]}
 
 
 def _read_groups(groups: object) -> list[tuple[hang.Position, list[int]]]:

@@ -366,3 +366,18 @@ def test_the_verdict_over_any_positions(positions: dict[int, Position], world: i
             assert odd == idle and rank == (min(idle) if len(idle) == 1 else None)
     if rank is not None:
         assert f"rank {rank} ({hosts[rank]})" in sentence
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(0, 4095), st.text(max_size=120), max_size=300))
+def test_why_ranks_gave_no_stack_travels_bounded(why: dict[int, str]) -> None:
+    import json
+
+    from launcher import hangwatch
+
+    written = hangwatch._write_why(why)
+    assert len(json.dumps(written)) <= hangwatch.MAX_WHY_BYTES
+    back = hangwatch._read_why(json.loads(json.dumps(written)))
+    assert all(why[rank][:60] == reason for rank, reason in back.items())
+    if len(json.dumps([[r[:60], list(range(len(why)))] for r in set(why.values())])) < hangwatch.MAX_WHY_BYTES // 2:
+        assert set(back) == set(why)  # little to say: every rank arrives
