@@ -5,9 +5,8 @@ C function that writes every thread's Python stack to file descriptor 2 and lets
 no GIL and no Python code runs, so a rank stuck in a C call, a collective or a busy loop dumps all the same.
 Under ``--tee`` that descriptor is torchrun's log file of the worker (``/proc/PID/fd/2``), so the dump is
 read straight from it, from where the file ended when the worker was frozen. Nothing on the way depends on
-another process being scheduled: not torchrun's tail threads (a line every 0.1 s, each through the GIL), nor
-the launcher's output pumps. On a loaded host that pipe delivered a dump of 30 lines in seconds, so a fixed
-wait on it lost stacks ("no stack from ranks 0-1").
+another process being scheduled: not torchrun's tail threads (a line at a time, polled every 0.1 s, through
+torchrun's GIL), nor the launcher's output pumps, whose output was waited for a fixed 10 s before.
 
 :func:`take` freezes torchrun (SIGSTOP) while the workers dump, so it cannot stop a worker (SIGTERM after
 another one died) before that worker ran its handler, and continues it afterwards. A worker is done when it

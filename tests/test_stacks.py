@@ -8,9 +8,11 @@ hang watch does, and :func:`launcher.stacks.take` must:
   in a C call, a Python loop, or while its helper thread runs;
 - name a worker that ignores SIGABRT and one whose Python handler takes it (no dump will come), without
   waiting for the bound;
-- hold the stand-in for torchrun stopped while the workers dump, and continue it afterwards;
-- do all that on a host that busy loops keep at several times its cores (their PIDs started here, ended
-  here): the dumps come in, each within the bound.
+- hold the stand-in for torchrun stopped while the workers dump, and continue it afterwards; with a
+  stand-in that does what torchrun's monitor does (once one worker ended, SIGTERM to the others: a worker
+  with SIGABRT still pending then dies of SIGTERM without a dump), every dump still comes in;
+- do that on a host that busy loops keep at four per core (their PIDs started here, ended here): the
+  dumps come in, each within the bound.
 
 Every process started here is ended by PID and proved gone.
 """
@@ -118,14 +120,6 @@ def test_each_dump_is_read_from_its_own_file_and_silent_workers_are_named(tmp_pa
     assert took < BOUND  # the silent ones were recognised, not waited out
 
 
-def test_stacks_come_in_under_heavy_cpu_load(tmp_path: Any) -> None:
-    busy = 4 * (os.cpu_count() or 1)  # four busy loops per core, started once the workers are ready
-    taken, _procs, _ = take_from(tmp_path, {0: "read", 1: "spin", 2: "read", 3: "spin"}, busy)
-    assert sorted(taken.dumps) == [0, 1, 2, 3] and taken.why == {}
-    assert {r: hang.position(t).line for r, t in taken.dumps.items()} == {  # type: ignore[union-attr]
-        0: LINES["read"], 1: LINES["spin"], 2: LINES["read"], 3: LINES["spin"]}
-
-
 def test_a_worker_whose_stderr_is_no_file_is_left_to_the_output_pipe(tmp_path: Any) -> None:
     proc = subprocess.Popen([PYTHON, "-c", "import time; print('ready', flush=True); time.sleep(600)"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "RANK": "4"})
@@ -137,3 +131,53 @@ def test_a_worker_whose_stderr_is_no_file_is_left_to_the_output_pipe(tmp_path: A
         assert taken.unread == [proc.pid] and taken.dumps == {}
     finally:
         end([proc])
+
+
+MONITOR = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    worker, tmp, modes = sys.argv[1], sys.argv[2], sys.argv[3:]
+    procs = []
+    for rank, mode in enumerate(modes):
+        with open(os.path.join(tmp, f"stderr{rank}.log"), "wb") as fh:
+            env = {**os.environ, "PYTHONFAULTHANDLER": "1", "RANK": str(rank)}
+            procs.append(subprocess.Popen([sys.executable, worker, mode, os.path.join(tmp, f"ready{rank}")],
+                                          stderr=fh, env=env))
+    while all(p.poll() is None for p in procs):  # torchrun's monitor: every 0.1 s there, 5 ms here
+        time.sleep(0.005)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait()
+""")
+
+
+def test_under_heavy_cpu_load_a_monitor_that_stops_the_other_workers_cannot_cost_a_stack(tmp_path: Any) -> None:
+    (tmp_path / "worker.py").write_text(WORKER)
+    (tmp_path / "monitor.py").write_text(MONITOR)
+    modes = ["read", "spin", "read", "spin"]
+    monitor = subprocess.Popen([PYTHON, str(tmp_path / "monitor.py"), str(tmp_path / "worker.py"), str(tmp_path),
+                                *modes])
+    workers: list[int] = []
+    loops: list[subprocess.Popen] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready{r}").exists() for r in range(len(modes))):
+            assert monitor.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        workers = proctree.children_of(monitor.pid)
+        assert len(workers) == len(modes)
+        # four busy loops per core from now on, as the hang watch would meet them
+        loops = [subprocess.Popen([PYTHON, "-c", "while True: pass"]) for _ in range(4 * (os.cpu_count() or 1))]
+        stacks.signal_workers(workers, signal.SIGSTOP)
+        taken = stacks.take(workers, monitor.pid, BOUND)
+        assert monitor.wait(timeout=60) == 0  # it went on once the stacks were taken, and ended
+    finally:
+        end(loops)
+        if monitor.poll() is None:
+            proctree.kill_tree([monitor.pid])
+        monitor.wait()
+    assert_gone([monitor.pid, *workers])
+    assert taken.why == {} and sorted(taken.dumps) == list(range(len(modes)))
+    assert {r: hang.position(t).line for r, t in taken.dumps.items()} == {  # type: ignore[union-attr]
+        r: LINES[mode] for r, mode in enumerate(modes)}
