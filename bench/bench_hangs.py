@@ -2,10 +2,13 @@
 
 Each round runs tests/scripts/hang_worker.py on ``simulate --network netns`` hosts (one rank each,
 ``--launcher-hang-timeout`` 10 s): at step 3 one rank skips a collective (deadlock), loops for ever or
-blocks on a read (rounds cycle through the three, the culprit rank moves). Measured per round:
+blocks on a read; or it blocks before ``init_process_group`` while the others wait inside it (``preinit``);
+or it ignores SIGABRT and sleeps while the others wait in the all-reduce (``noabort``: it gives no stack and
+is named as the likely culprit). Rounds cycle through the five, the culprit rank moves. Measured per round:
 
 - the time from the hang (the culprit's own record) until simulate has exited (every host ended);
-- the share of ranks whose stacks were collected (the reports name ranks without one);
+- the share of ranks whose stacks were collected (the reports name ranks without one; a ``noabort`` culprit
+  has none to give and is not counted);
 - the share of hosts whose report names the culprit: its rank, host and ``hang_worker.py:<line>``.
 
 Plain torchrun (static rendezvous, two namespaced hosts, the same deadlock) is run once, capped: when
@@ -40,7 +43,7 @@ from launcher.simulate import netns  # noqa: E402
 PYTHON = sys.executable
 SCRIPT = os.path.join(REPO, "tests", "scripts", "hang_worker.py")
 TIMEOUT = 10.0
-MODES = {"skip": "wait_for_peer", "loop": "spin", "read": "read_input"}
+MODES = {"skip": "wait_for_peer", "loop": "spin", "read": "read_input", "preinit": "read_input", "noabort": ""}
 PORT = 29500
 
 
@@ -91,10 +94,18 @@ def run_launcher(hosts: int, mode: str, culprit: int, cap: float) -> dict:
                 with open(path, encoding="utf-8") as fh:
                     text = fh.read()
             reports.append(text)
-        named = f"rank {culprit} (algo-{culprit + 1}) at hang_worker.py:{line_of(mode)} in {MODES[mode]}"
         missing = set().union(*(missing_ranks(r) for r in reports)) if reports else set()
+        givers = hosts - (mode == "noabort")
         return {"code": proc.returncode, "took": ended - min(hung) if hung else None,
-                "stacks": 1 - len(missing) / hosts, "named": sum(named in r for r in reports) / hosts}
+                "stacks": 1 - len(missing) / givers, "named": sum(named(mode, culprit) in r for r in reports) / hosts}
+
+
+def named(mode: str, culprit: int) -> str:
+    """What a report that names the culprit says (one rank per host: rank r on algo-r+1)."""
+    if mode == "noabort":
+        return f"rank {culprit} (algo-{culprit + 1}) gave no stack (SIGABRT ignored), likely the culprit"
+    mark = "read" if mode == "preinit" else mode
+    return f"rank {culprit} (algo-{culprit + 1}) at hang_worker.py:{line_of(mark)} in {MODES[mode]}"
 
 
 def run_torchrun(cap: float) -> tuple[Optional[float], str]:
@@ -142,7 +153,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             culprit = (i * 3 + 1) % hosts
             result = run_launcher(hosts, mode, culprit, args.cap)
             results.append(result)
-            print(f"  {hosts} hosts {mode:4} rank {culprit}: exit {result['code']}, "
+            print(f"  {hosts} hosts {mode:7} rank {culprit}: exit {result['code']}, "
                   f"{result['took'] or float('nan'):.1f} s, stacks {result['stacks']:.0%}, named {result['named']:.0%}",
                   flush=True)
         took = [r["took"] for r in results if r["took"] is not None]

@@ -12,9 +12,12 @@ signal or a fatal error prints them, possibly with torchrun's ``[rankN]:`` prefi
 
 Each rank's position is the innermost frame of its main thread that is the user's own code (not the
 standard library, not an installed package, not torch, not the launcher), with the library function it
-was in (``all_reduce``). Ranks are grouped by position; the odd one out is the group that is not waiting
-in a collective while others are, else the smaller groups; when every rank is at one place, that
-place is named.
+was in (``all_reduce``). A rank *waits for the others* when a frame below that one is a ``torch.distributed``
+function of :data:`DISTRIBUTED_WAITS`: a collective, or joining a group (``init_process_group``, ``new_group``:
+the store's rendezvous, the backend's connections, the store-based barrier), or DDP's start-up checks.
+Ranks are grouped by position; the odd one out is the group that is not waiting for the others while others
+are, else the smaller groups; when every rank is at one place, that place is named. A rank that gave no stack
+while every rank that gave one waits for the others is named as the likely culprit.
 """
 
 from __future__ import annotations
@@ -34,11 +37,23 @@ _FATAL = re.compile(r"^\s*Fatal Python error: ")
 _STDLIB = re.compile(r"/lib(64)?/python\d+(\.\d+)?t?/")
 LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/torch/", "<frozen ")
 COLLECTIVE_PART = "/torch/distributed/"
-# torch.distributed's collectives: a rank in one waits for the others (recv, the store, init are no collective)
+# torch.distributed's collectives: a rank in one waits for the others (a point-to-point recv is no collective)
 COLLECTIVES = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all", "all_to_all_single",
     "barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "gather", "gather_object", "reduce",
     "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "all_reduce_coalesced"})
+# Joining a process group waits for every member too, at one of these frames of torch.distributed (names as
+# torch 2.x defines them; tests/test_hang.py checks each against the installed torch): the group's entry points,
+# the backend's connections (gloo's and NCCL's constructors: ``_create_gloo_process_group`` in torch >= 2.8,
+# inside ``_new_process_group_helper`` before), the store's rendezvous (``rendezvous.py``: a TCPStore client
+# waits for its server) and the store-based barrier; DDP's constructor checks and broadcasts its parameters.
+GROUP_WAITS = frozenset({
+    "init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group",
+    "init_device_mesh", "_new_process_group_helper", "_create_gloo_process_group", "_create_nccl_process_group",
+    "_store_based_barrier", "rendezvous", "_rendezvous_helper", "_create_c10d_store", "_env_rendezvous_handler",
+    "_tcp_rendezvous_handler", "_file_rendezvous_handler", "_verify_param_shape_across_processes",
+    "_sync_module_states", "_sync_params_and_buffers"})
+DISTRIBUTED_WAITS = COLLECTIVES | GROUP_WAITS
 THREADING_BOOTSTRAP = "_bootstrap"
 
 
@@ -63,13 +78,13 @@ class Thread(NamedTuple):
 
 
 class Position(NamedTuple):
-    """Where a rank is: its innermost user frame, the library function it is in, and whether it waits
-    in a ``torch.distributed`` collective (:data:`COLLECTIVES`). Plain values: sent between hosts."""
+    """Where a rank is: its innermost user frame, the library function it is in, and whether it waits for
+    the other ranks in ``torch.distributed`` (:data:`DISTRIBUTED_WAITS`). Plain values: sent between hosts."""
 
     file: str
     line: int
     func: str
-    call: str  # the innermost frame's function when it is not user code, else ""
+    call: str  # the outermost distributed wait it is in, else the innermost frame's function when not user code
     comm: bool
 
     def where(self) -> str:
@@ -141,17 +156,24 @@ def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
     return next((t for t in threads if t.current), threads[0] if threads else None)
 
 
+def is_distributed_wait(frame: Frame) -> bool:
+    """A frame of ``torch.distributed`` in which a rank waits for the others (:data:`DISTRIBUTED_WAITS`)."""
+    return COLLECTIVE_PART in frame.file and frame.func in DISTRIBUTED_WAITS
+
+
 def position(threads: Sequence[Thread], own: Sequence[str] = ()) -> Optional[Position]:
-    """Where the rank's main thread is (see :class:`Position`); None when the dump has no frame."""
+    """Where the rank's main thread is (see :class:`Position`); None when the dump has no frame. Without a
+    user frame, the innermost frame stands for it and every frame is looked at for a distributed wait."""
     thread = main_thread(threads)
     if thread is None or not thread.frames:
         return None
     frames = thread.frames
-    user = next((f for f in frames if is_user_code(f.file, own)), frames[0])
+    found = next((i for i, f in enumerate(frames) if is_user_code(f.file, own)), None)
+    user = frames[found] if found is not None else frames[0]
+    waits = [f for f in frames[:found if found is not None else len(frames)] if is_distributed_wait(f)]
     inner = frames[0]
-    comm = any(COLLECTIVE_PART in f.file and f.func in COLLECTIVES for f in frames[:frames.index(user)])
-    call = "" if inner is user else inner.func
-    return Position(user.file, user.line, user.func, call, comm)
+    call = waits[-1].func if waits else "" if inner is user else inner.func
+    return Position(user.file, user.line, user.func, call, bool(waits))
 
 
 def ranges(ranks: Iterable[int]) -> str:
@@ -188,7 +210,7 @@ def same_place(positions: Mapping[int, Position]) -> dict[int, Position]:
 
 
 def odd_ones_out(positions: Mapping[int, Position]) -> list[Position]:
-    """The positions whose ranks stand out: those not waiting in a collective while other ranks
+    """The positions whose ranks stand out: those not waiting for the others while other ranks
     are; else those of the smaller groups when one group is the largest; else none (see :func:`same_place`)."""
     positions = same_place(positions)
     groups: dict[Position, list[int]] = {}
@@ -206,25 +228,53 @@ def odd_ones_out(positions: Mapping[int, Position]) -> list[Position]:
     return [p for p in groups if p is not biggest]
 
 
-def culprit_rank(positions: Mapping[int, Position]) -> Optional[int]:
-    """The one rank that stands out, when exactly one does."""
+def silent_culprits(positions: Mapping[int, Position], expected: Iterable[int] = ()) -> list[int]:
+    """The ``expected`` ranks that gave no stack, when every rank that gave one waits for the others
+    (:attr:`Position.comm`): they are likely what the others wait for. Else none."""
+    missing = sorted(set(expected) - set(positions))
+    return missing if missing and positions and all(p.comm for p in positions.values()) else []
+
+
+def culprit_rank(positions: Mapping[int, Position], expected: Iterable[int] = ()) -> Optional[int]:
+    """The one rank that stands out, when exactly one does: the one silent rank (:func:`silent_culprits`),
+    else the one rank of :func:`odd_ones_out`."""
+    silent = silent_culprits(positions, expected)
+    if silent:
+        return silent[0] if len(silent) == 1 else None
     odd = set(odd_ones_out(positions))
     ranks = [rank for rank, pos in same_place(positions).items() if pos in odd]
     return ranks[0] if len(ranks) == 1 else None
 
 
+def _why(ranks: Sequence[int], why: Mapping[int, str]) -> str:
+    """`` (SIGABRT ignored)``: the distinct reasons these ranks gave no stack, if known."""
+    reasons = list(dict.fromkeys(why[r] for r in ranks if why.get(r)))
+    return f" ({', '.join(reasons[:3])})" if reasons else ""
+
+
 def culprit_sentence(positions: Mapping[int, Position], hosts: Mapping[int, str], silent_for: float,
-                     expected: Iterable[int] = ()) -> str:
+                     expected: Iterable[int] = (), why: Optional[Mapping[int, str]] = None) -> str:
     """``hang: no progress for 300 s; rank 3 (algo-2) at train.py:57 in load_batch; ranks 0-2, 4-7 in
     all_reduce (train.py:88)``: the odd ones out first, then the others; or the place every rank shares.
-    ``expected`` ranks with no position are named as such."""
+    ``expected`` ranks with no position are named as such, with ``why`` (rank -> reason) when known: as the
+    likely culprit when every other rank waits for the others (:func:`silent_culprits`)."""
     head = f"hang: no progress for {silent_for:.0f} s"
+    why = why or {}
+    expected = set(expected)
     positions = same_place(positions)
     groups: dict[Position, list[int]] = {}
     for rank in sorted(positions):
         groups.setdefault(positions[rank], []).append(rank)
-    missing = sorted(set(expected) - set(positions))
-    tail = [f"no stack from {_ranks(missing)}{_hosts(missing, hosts)}"] if missing else []
+    silent = silent_culprits(positions, expected)
+    if silent:
+        culprits = "the likely culprits" if len(silent) > 1 else "likely the culprit"
+        parts = [f"{_ranks(silent)}{_hosts(silent, hosts)} gave no stack{_why(silent, why)}, {culprits}: "
+                 "every other rank waits for the others"]
+        parts += [f"{_ranks(groups[pos])} {_in(pos)}" for pos in sorted(groups, key=lambda p: (-len(groups[p]),
+                                                                                               groups[p][0]))]
+        return "; ".join([head, *parts])
+    missing = sorted(expected - set(positions))
+    tail = [f"no stack from {_ranks(missing)}{_hosts(missing, hosts)}{_why(missing, why)}"] if missing else []
     if not groups:
         return "; ".join([head, *tail])
     odd = odd_ones_out(positions)

@@ -9,22 +9,27 @@ job watch's ``hang`` messages; see :class:`launcher.jobwatch.Extension`):
 
 1. ``freeze``: every launcher stops its workers (SIGSTOP) and says ``frozen``: from now on no worker can
    die or notice that another did, so no stack changes while the others are taken;
-2. ``dump``: every launcher sends :data:`STACK_SIGNAL` (SIGABRT) and SIGCONT to its workers. They run with
-   ``PYTHONFAULTHANDLER=1`` (unless the user set it), so each prints the stack of every thread to its
-   stderr and ends; its core size limit is set to 0 first, so no core file is written. The stacks reach
-   each host's log in full, as every worker line does. Each launcher reads them (:mod:`launcher.hang`)
-   and sends node 0 its ranks' positions (``stacks``: each innermost frame in user code);
-3. ``verdict``: node 0 names the odd one out in one sentence and sends it to every host; it starts every
+2. ``dump``: every launcher sends :data:`launcher.stacks.STACK_SIGNAL` (SIGABRT) and SIGCONT to its
+   workers. They run with ``PYTHONFAULTHANDLER=1`` (unless the user set it), so each writes the stack of
+   every thread to its stderr file and ends; its core size limit is set to 0 first, so no core file is
+   written. Each launcher reads the dumps straight from those files, torchrun held stopped meanwhile
+   (:mod:`launcher.stacks`: bounded under load), and sends node 0 its ranks' positions (``stacks``: each
+   innermost frame in user code, and why a rank gave no stack). The stacks reach each host's log in full,
+   as every worker line does;
+3. ``verdict``: node 0 names the odd one out in one sentence (:mod:`launcher.hang`), or the rank that gave
+   no stack while every other rank waits for the others, and sends it to every host; it starts every
    host's report, the job ends with exit code 124 (class ``hang``, :mod:`launcher.codes`) everywhere.
 
-Each step waits for every host at most a few seconds (:data:`FREEZE_WAIT`, :data:`STACK_WAIT`): a host
-that does not answer is named as having given no stack. A straggler (a rank heard before, now silent for
-half the timeout while others progress) is logged once per silence; nothing is stopped for it.
+Each step ends when every host (every worker) is done, at most :data:`FREEZE_WAIT` and :data:`STACK_WAIT`
+seconds, bounds meant for a heavily loaded host: a host that does not answer is named as having given no
+stack. A straggler (a rank heard before, now silent for half the timeout while others progress) is logged
+once per silence; nothing is stopped for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -33,21 +38,22 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from launcher import hang, proctree
+from launcher import hang, proctree, stacks
 from launcher.progress import BEAT_ENV, BEAT_SOCKET, BeatSocket, Progress
+from launcher.stacks import signal_workers
 
 if TYPE_CHECKING:
     from launcher.cluster import Cluster
     from launcher.jobwatch import Watch
 
-STACK_SIGNAL = signal.SIGABRT
-STACK_WAIT = 10.0  # seconds at most from the signal until the dumps are read
-FREEZE_WAIT = 3.0  # seconds node 0 waits for every host to say its workers are frozen
+STACK_WAIT = 30.0  # seconds at most from the signal until every worker dumped (ends as soon as all did)
+FREEZE_WAIT = 10.0  # seconds node 0 waits for every host to say its workers are frozen (ends as soon as all did)
 QUIET = 0.5  # the dumps are complete when every rank has one and nothing came for this long
 HANG_GRACE = 2.0  # a hung worker runs no Python SIGTERM handler: a longer grace period only delays the end
 TICK = 1.0  # how often the silence is judged
 TURN = 0.2  # how often another host looks for node 0's orders
 MAX_GROUPS_BYTES = 3000  # what a ``stacks`` message carries (the job watch's lines are at most 4096 bytes)
+MAX_WHY_BYTES = 600  # ... and why ranks gave no stack, in the same line
 # NCCL's Flight Recorder (torch >= 2.3): ring buffer of the last collectives, written out on a timeout.
 NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 NCCL_DUMP_WAIT = 2.0  # seconds the Flight Recorder gets to write its traces
@@ -87,6 +93,7 @@ class HangWatch:
         self._frozen: set[int] = set()  # nodes that said frozen (node 0)
         self._stacks: dict[int, dict] = {}  # node -> its stacks message (node 0)
         self._positions: dict[int, hang.Position] = {}
+        self._why: dict[int, str] = {}  # rank -> why it gave no stack (this host's ranks; node 0: every host's)
         self.thread = threading.Thread(target=self._loop, name="hang-watch", daemon=True)
         if watch is not None:
             watch.extension = self
@@ -135,7 +142,8 @@ class HangWatch:
                     self._frozen.add(node)
                 elif phase == "stacks":
                     self._stacks[node] = {"host": host, "ranks": [int(r) for r in message["ranks"]][:4096],
-                                          "groups": _read_groups(message["groups"])}
+                                          "groups": _read_groups(message["groups"]),
+                                          "why": _read_why(message.get("why", []))}
                 self.changed.notify_all()
             elif kind == "hang" and node == 0 and self.node != 0:
                 self._phases.append(message)
@@ -210,14 +218,19 @@ class HangWatch:
             self._wait(lambda: others <= set(self._stacks), STACK_WAIT + 3)
         hosts = dict(self.hosts)
         expected = set(self.hosts)
+        why = dict(self._why)
         with self.lock:
             for reply in self._stacks.values():
                 expected |= set(reply["ranks"])
                 hosts.update({rank: reply["host"] for rank in reply["ranks"]})
+                why.update(reply["why"])
                 for pos, ranks in reply["groups"]:
                     positions.update({rank: pos for rank in ranks})
-        sentence = hang.culprit_sentence(positions, hosts, silent, expected | self._expected_remote(others))
-        rank = hang.culprit_rank(positions)
+        unanswered = self._expected_remote(others)
+        why.update({rank: "its host sent no stacks" for rank in unanswered})
+        expected |= unanswered
+        sentence = hang.culprit_sentence(positions, hosts, silent, expected, why)
+        rank = hang.culprit_rank(positions, expected)
         self.culprit = (rank, hosts.get(rank) if rank is not None else None)
         if others:
             self._post({"phase": "verdict", "text": sentence, "rank": rank, "host": self.culprit[1]})
@@ -244,7 +257,8 @@ class HangWatch:
                 self._dumped = True
                 ranks = sorted(self.hosts)
                 positions = self._dump(self._workers())
-                self._post({"phase": "stacks", "ranks": ranks, "groups": _write_groups(positions)})
+                self._post({"phase": "stacks", "ranks": ranks, "groups": _write_groups(positions),
+                            "why": _write_why(self._why)})
             elif phase == "verdict":
                 rank, host = message.get("rank"), message.get("host")
                 self.culprit = (rank if isinstance(rank, int) else None, str(host)[:100] if host else None)
@@ -253,16 +267,24 @@ class HangWatch:
         return False
 
     def _dump(self, workers: Sequence[int]) -> dict[int, hang.Position]:
-        """Stacks of this host's (frozen) workers: SIGABRT pending, then SIGCONT; read, and logged per rank."""
+        """Stacks of this host's (frozen) workers, each read from its stderr file (:func:`launcher.stacks.take`);
+        a worker whose file cannot be read, from the output torchrun copies. Logged per rank."""
         self.progress.capture()
-        signal_workers(workers, STACK_SIGNAL)
-        signal_workers(workers, signal.SIGCONT)
-        dumps = self._wait_for_dumps(len(workers))
+        with self.lock:
+            parent = self._pid
+        taken = stacks.take(workers, parent, STACK_WAIT)
+        dumps: dict[Optional[int], list[hang.Thread]] = dict(taken.dumps)
+        if taken.unread:
+            dumps = {**self._wait_for_dumps(len(workers)), **dumps}
         positions = {rank: pos for rank, threads in dumps.items() if rank is not None
                      for pos in [hang.position(threads, (OWN_DIR,))] if pos is not None}
         self._positions = positions
-        self.details = [f"rank {rank} ({self.hosts.get(rank, '?')}): {pos.where()}"
-                        + (f", in {pos.call}" if pos.call else "") for rank, pos in sorted(positions.items())]
+        self._why = {rank: why for rank, why in taken.why.items() if rank not in positions}
+        self._why.update({rank: "" for rank in self.hosts if rank not in positions and rank not in self._why})
+        self.details = [f"rank {rank} ({self.hosts.get(rank, '?')}): " + (
+            f"{positions[rank].where()}" + (f", in {positions[rank].call}" if positions[rank].call else "")
+            if rank in positions else "no stack" + (f" ({self._why[rank]})" if self._why[rank] else ""))
+            for rank in sorted({*positions, *self._why})]
         return dict(positions)
 
     def _nccl_dumps(self) -> None:
@@ -302,8 +324,8 @@ class HangWatch:
                 self.changed.wait(min(0.1, max(0.0, deadline - time.monotonic())))
 
     def _wait_for_dumps(self, count: int) -> dict[Optional[int], list[hang.Thread]]:
-        """The dumps printed since the signal: until every worker's is there and output is quiet, at most
-        :data:`STACK_WAIT` s."""
+        """The dumps torchrun copied to the launcher since the signal (workers whose file cannot be read):
+        until ``count`` ranks have one and output is quiet, at most :data:`STACK_WAIT` s."""
         deadline = time.monotonic() + STACK_WAIT
         size, changed = -1, time.monotonic()
         dumps: dict[Optional[int], list[hang.Thread]] = {}
@@ -334,6 +356,28 @@ def _write_groups(positions: Mapping[int, hang.Position]) -> list[list[Any]]:
     return out
 
 
+def _write_why(why: Mapping[int, str]) -> list[list[Any]]:
+    """Why ranks gave no stack as ``[[reason, [ranks]], ...]``, within :data:`MAX_WHY_BYTES`."""
+    groups: dict[str, list[int]] = {}
+    for rank, reason in sorted(why.items()):
+        groups.setdefault(reason[:60], []).append(rank)
+    out: list[list[Any]] = []
+    size = 0
+    for reason, ranks in groups.items():
+        size += len(json.dumps([reason, ranks])) + 2
+        if size > MAX_WHY_BYTES:
+            break
+        out.append([reason, ranks])
+    return out
+
+
+def _read_why(items: object) -> dict[int, str]:
+    """The inverse of :func:`_write_why`, from another host: raises on a malformed value."""
+    if not isinstance(items, list):
+        raise ValueError("why")
+    return {int(rank): str(reason)[:60] for reason, ranks in items[:64] for rank in ranks[:4096]}
+
+
 def _read_groups(groups: object) -> list[tuple[hang.Position, list[int]]]:
     """The inverse of :func:`_write_groups`, from another host: raises on a malformed value."""
     if not isinstance(groups, list):
@@ -344,18 +388,6 @@ def _read_groups(groups: object) -> list[tuple[hang.Position, list[int]]]:
         read.append((hang.Position(str(file)[:200], int(line), str(func)[:100], str(call)[:100], bool(comm)),
                      [int(r) for r in ranks][:4096]))
     return read
-
-
-def signal_workers(pids: Sequence[int], signum: int) -> None:
-    """Send ``signum`` to each worker; before SIGABRT, set its core size limit to 0 (no core file)."""
-    import resource  # only on a hang
-
-    for pid in pids:
-        if signum == signal.SIGABRT:
-            with contextlib.suppress(OSError, ValueError):
-                resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signum)
 
 
 def worker_env(environ: Mapping[str, str], run_dir: str, gpus: int = 0) -> tuple[dict[str, str], list[str]]:

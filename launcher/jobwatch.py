@@ -31,7 +31,7 @@ Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` byt
   done: the others stop their script with SIGTERM and their configured grace period, which is no failure.
 - ``hang`` {phase, ...}: hang detection's own messages (:mod:`launcher.hangwatch`, attached as the
   watch's :class:`Extension`): the hub's ``freeze``, ``dump`` and ``verdict`` {text}, a client's
-  ``frozen`` and ``stacks`` {ranks, groups}; a client's ``hb`` carries ``age``, how long ago its ranks
+  ``frozen`` and ``stacks`` {ranks, groups, why}; a client's ``hb`` carries ``age``, how long ago its ranks
   were last heard.
 
 Authentication (optional): with a shared secret (``LAUNCHER_JOB_SECRET``, or ``--job-secret-file``),

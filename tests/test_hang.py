@@ -2,7 +2,9 @@
 
 The parser reads what workers print, so it is tested on any text (hypothesis), on dumps rendered in
 faulthandler's format with and without torchrun's ``[rankN]:`` prefix and interleaved across ranks
-(round trip), and on dumps real Python processes print (signal and fatal-error forms).
+(round trip), and on dumps real Python processes print (signal and fatal-error forms). The distributed
+waits it knows are checked against the installed torch's source; the verdict's rules (the odd one out, the
+rank that gave no stack while every other rank waits) are checked over any set of positions (hypothesis).
 """
 
 from __future__ import annotations
@@ -137,8 +139,11 @@ def test_position_is_the_innermost_user_frame_with_the_call_it_is_in() -> None:
     pos = hang.position([hang.Thread("0x2", True, helper), hang.Thread("0x1", False, frames)])
     assert pos == Position("/job/train.py", 88, "step", "all_reduce", True)
     assert pos.where() == "train.py:88 in step"
-    only_library = (Frame(C10D, 1, "barrier"),)
-    assert hang.position([hang.Thread("0x1", True, only_library)]) == Position(C10D, 1, "barrier", "", False)
+    only_library = (Frame(C10D, 1, "barrier"),)  # no user frame: the innermost stands for it, and it waits
+    assert hang.position([hang.Thread("0x1", True, only_library)]) == Position(C10D, 1, "barrier", "barrier", True)
+    only_stdlib = (Frame("/usr/lib/python3.11/selectors.py", 415, "select"),)
+    assert hang.position([hang.Thread("0x1", True, only_stdlib)]) == Position(only_stdlib[0].file, 415, "select", "",
+                                                                              False)
 
 
 def pos(line: int, func: str, call: str = "", comm: bool = False) -> Position:
@@ -180,7 +185,7 @@ def test_no_rank_stands_out_names_the_shared_place() -> None:
 
 
 def test_ranks_without_a_stack_are_named() -> None:
-    positions = {r: REDUCE for r in (0, 1, 2)}
+    positions = {r: pos(30, "main") for r in (0, 1, 2)}  # not waiting for the others: the missing are only listed
     sentence = hang.culprit_sentence(positions, HOSTS, 15, range(6))
     assert sentence.endswith("; no stack from ranks 3-5 (algo-2, algo-3)"), sentence
 
@@ -265,3 +270,114 @@ def test_a_point_to_point_wait_is_no_collective_two_ranks_still_have_a_culprit()
     assert positions[1] is not None and not positions[1].comm and positions[0].comm  # type: ignore[union-attr]
     assert hang.culprit_sentence(positions, HOSTS, 10, range(2)).startswith(  # type: ignore[arg-type]
         "hang: no progress for 10 s; rank 1 (algo-1) at train.py:40 in wait_for_peer (in recv); rank 0 in all_reduce")
+
+
+def torch_distributed_dir() -> str:
+    """The installed torch's ``torch/distributed`` (found without importing torch)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    assert spec is not None and spec.submodule_search_locations, "torch is not installed"
+    return os.path.join(list(spec.submodule_search_locations)[0], "distributed")
+
+
+def test_every_distributed_wait_is_a_function_of_the_installed_torch() -> None:
+    # The names are torch's, not guesses: each is defined (def NAME or def NAME[...]) in torch.distributed.
+    import re
+
+    defined: set[str] = set()
+    for root, _dirs, files in os.walk(torch_distributed_dir()):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(root, name), encoding="utf-8", errors="replace") as fh:
+                    defined.update(re.findall(r"^\s*def (\w+)\s*[\[(]", fh.read(), re.MULTILINE))
+    assert sorted(hang.DISTRIBUTED_WAITS - defined) == []
+
+
+def inside_init(user_line: int) -> tuple[Frame, ...]:
+    """A rank inside ``init_process_group`` as torch 2.14 nests it (the frames a real dump showed)."""
+    logger = f"{SITE}/torch/distributed/c10d_logger.py"
+    return (Frame(C10D, 669, "_create_gloo_process_group"), Frame(C10D, 2874, "_new_process_group_helper"),
+            Frame(C10D, 2553, "init_process_group"), Frame(logger, 97, "wrapper"), Frame(logger, 83, "wrapper"),
+            Frame("/job/train.py", user_line, "main"), Frame("/job/train.py", 200, "<module>"))
+
+
+def test_a_wait_inside_init_process_group_is_a_distributed_wait_named_by_its_entry_point() -> None:
+    pos = hang.position([hang.Thread("0x1", True, inside_init(126))])
+    assert pos == Position("/job/train.py", 126, "main", "init_process_group", True)
+    store = (Frame(f"{SITE}/torch/distributed/rendezvous.py", 200, "_create_c10d_store"),
+             Frame(f"{SITE}/torch/distributed/rendezvous.py", 280, "_env_rendezvous_handler"),
+             Frame(C10D, 2543, "init_process_group"), Frame("/job/train.py", 9, "<module>"))
+    assert hang.position([hang.Thread("0x1", True, store)]) == Position("/job/train.py", 9, "<module>",
+                                                                        "init_process_group", True)
+    barrier = (Frame(C10D, 1610, "_store_based_barrier"), Frame(C10D, 6900, "new_group"),
+               Frame("/job/train.py", 12, "<module>"))
+    assert hang.position([hang.Thread("0x1", True, barrier)]).call == "new_group"  # type: ignore[union-attr]
+    blocked = {0: hang.position([hang.Thread("0x1", True, inside_init(126))]),
+               1: hang.position([hang.Thread("0x1", True, (Frame("/job/train.py", 85, "read_input"),))])}
+    assert hang.culprit_sentence(blocked, HOSTS, 20, range(2)) == (  # type: ignore[arg-type]
+        "hang: no progress for 20 s; rank 1 (algo-1) at train.py:85 in read_input; "
+        "rank 0 in init_process_group (train.py:126)")
+    assert hang.culprit_rank(blocked) == 1  # type: ignore[arg-type]
+
+
+def test_the_rank_without_a_stack_while_the_others_wait_is_the_likely_culprit() -> None:
+    positions = {r: REDUCE for r in (0, 2, 3)}
+    assert hang.culprit_sentence(positions, HOSTS, 15, range(4), {1: "SIGABRT ignored"}) == (
+        "hang: no progress for 15 s; rank 1 (algo-1) gave no stack (SIGABRT ignored), likely the culprit: "
+        "every other rank waits for the others; ranks 0, 2-3 in all_reduce (train.py:88)")
+    assert hang.culprit_rank(positions, range(4)) == 1
+    # a whole host without stacks while the others wait: its ranks, together
+    assert hang.culprit_sentence({0: REDUCE, 1: REDUCE}, HOSTS, 15, range(4)).startswith(
+        "hang: no progress for 15 s; ranks 2-3 (algo-2) gave no stack, the likely culprits: ")
+    # a rank that does not wait is named first; the missing one is only listed
+    mixed = {0: REDUCE, 1: pos(57, "load_batch")}
+    assert hang.culprit_sentence(mixed, HOSTS, 15, range(3), {2: "no dump in 30 s"}) == (
+        "hang: no progress for 15 s; rank 1 (algo-1) at train.py:57 in load_batch; rank 0 in all_reduce "
+        "(train.py:88); no stack from rank 2 (algo-2) (no dump in 30 s)")
+    assert hang.culprit_rank(mixed, range(3)) == 1
+
+
+positions_st = st.dictionaries(st.integers(0, 15), st.sampled_from(
+    [REDUCE, pos(88, "main", "init_process_group", True), pos(57, "load_batch"), pos(85, "read_input", "read")]),
+    max_size=16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(positions_st, st.integers(1, 16))
+def test_the_verdict_over_any_positions(positions: dict[int, Position], world: int) -> None:
+    expected = range(max([world, *[r + 1 for r in positions]]))
+    hosts = {r: f"algo-{r // 2 + 1}" for r in expected}
+    sentence = hang.culprit_sentence(positions, hosts, 20, expected)
+    missing = sorted(set(expected) - set(positions))
+    rank = hang.culprit_rank(positions, expected)
+    assert sentence.startswith("hang: no progress for 20 s")
+    if missing and positions and all(p.comm for p in positions.values()):
+        assert hang.silent_culprits(positions, expected) == missing
+        assert rank == (missing[0] if len(missing) == 1 else None)
+        assert "gave no stack" in sentence and "no stack from" not in sentence
+    else:
+        assert hang.silent_culprits(positions, expected) == []
+        assert ("no stack from " in sentence) == bool(missing)
+        waiting = {r for r, p in positions.items() if p.comm}
+        idle = set(positions) - waiting
+        if waiting and idle:  # the ranks that do not wait stand out
+            odd = {r for r, p in hang.same_place(positions).items() if p in hang.odd_ones_out(positions)}
+            assert odd == idle and rank == (min(idle) if len(idle) == 1 else None)
+    if rank is not None:
+        assert f"rank {rank} ({hosts[rank]})" in sentence
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(0, 4095), st.text(max_size=120), max_size=300))
+def test_why_ranks_gave_no_stack_travels_bounded(why: dict[int, str]) -> None:
+    import json
+
+    from launcher import hangwatch
+
+    written = hangwatch._write_why(why)
+    assert len(json.dumps(written)) <= hangwatch.MAX_WHY_BYTES
+    back = hangwatch._read_why(json.loads(json.dumps(written)))
+    assert all(why[rank][:60] == reason for rank, reason in back.items())
+    if len(json.dumps([[r[:60], list(range(len(why)))] for r in set(why.values())])) < hangwatch.MAX_WHY_BYTES // 2:
+        assert set(back) == set(why)  # little to say: every rank arrives

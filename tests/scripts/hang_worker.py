@@ -10,7 +10,11 @@ Every rank all-reduces once per step and prints ``step=N``. At step ``--at-step`
 - ``sleep``: every rank sleeps for ever (no rank stands out);
 - ``silent``: every rank is silent for ``--silent`` seconds, then the job goes on and ends;
 - ``beat``: like ``silent``, but every rank sends a progress beat every second meanwhile, the one-liner
-  docs/hangs.md documents.
+  docs/hangs.md documents;
+- ``preinit``: rank ``--rank`` blocks on a read before ``init_process_group`` while the others wait inside it
+  (no step is ever done; ``--at-step`` is not used);
+- ``noabort``: rank ``--rank`` ignores SIGABRT (the launcher's stack signal), then sleeps for ever instead of
+  all-reducing: it gives no stack while the others wait in the all-reduce.
 
 Each rank writes ``$SM_OUTPUT_DATA_DIR/rank<R>.json`` (else ``$HANG_RECORD_DIR``): its pid, its ancestors'
 pids, its rank, the steps done, and ``hung_at`` (wall clock) once it stops progressing. The lines the
@@ -22,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -84,6 +89,11 @@ def wait_forever():
     time.sleep(10**6)  # at:sleep
 
 
+def ignore_abort_and_sleep():
+    signal.signal(signal.SIGABRT, signal.SIG_IGN)  # faulthandler's handler gone: SIGABRT does nothing
+    time.sleep(10**6)  # at:noabort
+
+
 def quiet_phase(seconds, beats):
     end = time.monotonic() + seconds
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -97,7 +107,8 @@ def quiet_phase(seconds, beats):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", required=True, choices=["skip", "loop", "read", "sleep", "silent", "beat"])
+    parser.add_argument("--mode", required=True,
+                        choices=["skip", "loop", "read", "sleep", "silent", "beat", "preinit", "noabort"])
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--at-step", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
@@ -108,7 +119,12 @@ def main():
     out = os.path.join(os.environ.get("SM_OUTPUT_DATA_DIR") or os.environ["HANG_RECORD_DIR"], f"rank{rank}.json")
     facts = {"pid": os.getpid(), "ancestors": ancestors(os.getpid()), "rank": rank, "steps": 0, "hung_at": None}
     record(out, **facts)
-    dist.init_process_group("gloo")
+    if args.mode == "preinit":
+        STARTED.set()  # no beat from here on: the hang is the join itself
+        record(out, **{**facts, "hung_at": time.time()})
+        if rank == args.rank:
+            read_input()
+    dist.init_process_group("gloo")  # at:init
     STARTED.set()
     print("joined", flush=True)
     for step in range(1, args.steps + 1 if args.mode in ("silent", "beat") else 10**9):
@@ -123,7 +139,8 @@ def main():
                 wait_forever()
             elif rank == args.rank:
                 record(out, **{**facts, "steps": step - 1, "hung_at": time.time()})
-                {"skip": lambda: wait_for_peer(rank, world), "loop": spin, "read": read_input}[args.mode]()
+                {"skip": lambda: wait_for_peer(rank, world), "loop": spin, "read": read_input,
+                 "noabort": ignore_abort_and_sleep}[args.mode]()
         dist.all_reduce(tensor)  # at:all_reduce
         print(f"step={step}", flush=True)
         facts["steps"] = step

@@ -1,0 +1,206 @@
+"""A hung host's stacks, taken in bounded time: each worker writes its own dump into its own stderr file.
+
+The workers run with ``PYTHONFAULTHANDLER=1``: faulthandler's handler for :data:`STACK_SIGNAL` (SIGABRT) is a
+C function that writes every thread's Python stack to file descriptor 2 and lets the process end. It needs
+no GIL and no Python code runs, so a rank stuck in a C call, a collective or a busy loop dumps all the same.
+Under ``--tee`` that descriptor is torchrun's log file of the worker (``/proc/PID/fd/2``), so the dump is
+read straight from it, from where the file ended when the worker was frozen. Nothing on the way depends on
+another process being scheduled: not torchrun's tail threads (a line at a time, polled every 0.1 s, through
+torchrun's GIL), nor the launcher's output pumps, whose output was waited for a fixed 10 s before.
+
+:func:`take` freezes torchrun (SIGSTOP) while the workers dump, so it cannot stop a worker (SIGTERM after
+another one died) before that worker ran its handler, and continues it afterwards. A worker is done when it
+ended (its dump is whole), when it ignores the signal (``SigIgn``), or when the signal was delivered and
+every thread of it has slept for :data:`SETTLE` seconds with its file unchanged: a Python-level handler
+took the signal and no dump will come. The wait ends when every worker is done, at most ``bound`` seconds.
+A worker whose stderr is no regular file (or whose ``/proc`` entry cannot be read) is left to the output
+that torchrun copies to the launcher (``unread``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import stat
+import time
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Optional
+
+from launcher import hang, proctree
+
+STACK_SIGNAL = signal.SIGABRT
+SETTLE = 1.0  # seconds a worker that took the signal sleeps, its file unchanged, before no dump is expected
+POLL = 0.05  # seconds between looks at the workers
+MAX_DUMP_BYTES = 4 * 1024 * 1024  # of a worker's file after its offset (faulthandler: 100 threads x 100 frames)
+IGNORED = "SIGABRT ignored"
+CAUGHT = "SIGABRT caught, no dump"
+
+
+class Worker(NamedTuple):
+    """One worker: its pid, its global rank (``RANK``), its stderr file and that file's size when frozen."""
+
+    pid: int
+    rank: Optional[int]
+    path: Optional[str]
+    offset: int
+
+
+class Taken(NamedTuple):
+    """What :func:`take` found: each rank's dump, why a rank gave none, the workers left to the output pipe."""
+
+    dumps: dict[int, list[hang.Thread]]
+    why: dict[int, str]
+    unread: list[int]
+
+
+def describe(pid: int) -> Worker:
+    """A worker's rank (``RANK`` in ``/proc/PID/environ``), its stderr file and the file's size now."""
+    rank: Optional[int] = None
+    path: Optional[str] = None
+    offset = 0
+    with contextlib.suppress(OSError, ValueError):
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = dict(item.partition(b"=")[::2] for item in fh.read(1 << 20).split(b"\0") if item)
+        text = env.get(b"RANK", b"").decode()
+        rank = int(text) if text.isdigit() and len(text) <= 7 else None
+    with contextlib.suppress(OSError):
+        target = os.readlink(f"/proc/{pid}/fd/2")
+        info = os.stat(f"/proc/{pid}/fd/2")
+        if stat.S_ISREG(info.st_mode) and target.startswith("/"):
+            path, offset = target, info.st_size
+    return Worker(pid, rank, path, offset)
+
+
+def _mask(fields: Mapping[str, str], name: str) -> int:
+    with contextlib.suppress(ValueError):
+        return int(fields.get(name, "0"), 16)
+    return 0
+
+
+def signal_state(pid: int, signum: int = STACK_SIGNAL) -> str:
+    """Where the signal stands with the process: ``gone`` (ended: exited, or a zombie), ``ignored``,
+    ``pending`` (not delivered yet), ``running`` (a thread runs or waits on the disk: a handler may be
+    writing), ``asleep`` (delivered, and every thread sleeps)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            fields = dict(line.partition(":")[::2] for line in fh.read(65536).splitlines())
+    except OSError:
+        return "gone"
+    fields = {k: v.strip() for k, v in fields.items()}
+    bit = 1 << (signum - 1)
+    if fields.get("State", "Z")[:1] in ("Z", "X"):
+        return "gone"
+    if _mask(fields, "SigIgn") & bit:
+        return "ignored"
+    if (_mask(fields, "ShdPnd") | _mask(fields, "SigPnd")) & bit:
+        return "pending"
+    return "running" if any(s in ("R", "D") for s in _thread_states(pid)) else "asleep"
+
+
+def _thread_states(pid: int) -> list[str]:
+    states = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task")[:4096]:
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as fh:
+                    data = fh.read(4096)
+                states.append(data[data.rfind(b")") + 2:][:1].decode("ascii", "replace"))
+    return states
+
+
+def _size(path: Optional[str]) -> int:
+    with contextlib.suppress(OSError):
+        return os.stat(path).st_size if path else 0
+    return 0
+
+
+def read_dump(worker: Worker) -> list[hang.Thread]:
+    """The worker's last dump in its file after its offset (at most :data:`MAX_DUMP_BYTES`); [] if none."""
+    if worker.path is None:
+        return []
+    try:
+        with open(worker.path, "rb") as fh:
+            fh.seek(worker.offset)
+            data = fh.read(MAX_DUMP_BYTES)
+    except OSError:
+        return []
+    return hang.parse_dumps(data.decode("utf-8", "replace").splitlines(), worker.rank).get(worker.rank, [])
+
+
+def signal_workers(pids: Sequence[int], signum: int) -> None:
+    """Send ``signum`` to each worker; before SIGABRT, set its core size limit to 0 (no core file)."""
+    import resource  # only on a hang
+
+    for pid in pids:
+        if signum == signal.SIGABRT:
+            with contextlib.suppress(OSError, ValueError):
+                resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def wait_done(workers: Sequence[Worker], bound: float) -> dict[int, str]:
+    """Wait until each worker is done (see the module's text), at most ``bound`` s: pid -> why it gave no
+    dump, for the workers that will give none (ignored, caught) or did not finish in time."""
+    deadline = time.monotonic() + bound
+    left = {w.pid: w for w in workers}
+    asleep: dict[int, tuple[float, int]] = {}  # pid -> since when it sleeps, its file's size then
+    why: dict[int, str] = {}
+    while left:
+        now = time.monotonic()
+        for pid, worker in list(left.items()):
+            state = signal_state(pid)
+            if state in ("gone", "ignored"):
+                del left[pid]
+                if state == "ignored":
+                    why[pid] = IGNORED
+            elif state == "asleep":
+                since, size = asleep.setdefault(pid, (now, _size(worker.path)))
+                if _size(worker.path) != size:
+                    asleep[pid] = (now, _size(worker.path))
+                elif now - since >= SETTLE:
+                    del left[pid]
+                    why[pid] = CAUGHT
+            else:
+                asleep.pop(pid, None)
+        if not left or now >= deadline:
+            break
+        time.sleep(POLL)
+    why.update({pid: f"no dump in {bound:g} s" for pid in left})
+    return why
+
+
+def _hold(pid: int, timeout: float = 1.0) -> None:
+    """SIGSTOP ``pid`` and wait (bounded) until it is stopped."""
+    signal_workers([pid], signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while proctree.state(pid) not in ("T", "t", "Z", None) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def take(pids: Sequence[int], parent: Optional[int], bound: float) -> Taken:
+    """Dump the (frozen) workers ``pids``: SIGABRT pending, then SIGCONT; torchrun (``parent``) stopped
+    meanwhile when every worker's stderr is a file; wait (:func:`wait_done`) and read each dump."""
+    workers = [describe(pid) for pid in pids]
+    readable = [w for w in workers if w.rank is not None and w.path is not None]
+    unread = [w.pid for w in workers if w not in readable]
+    hold = parent is not None and not unread and bool(workers)
+    if hold and parent is not None:
+        _hold(parent)
+    try:
+        signal_workers(pids, STACK_SIGNAL)
+        signal_workers(pids, signal.SIGCONT)
+        why_pid = wait_done(readable, bound)
+    finally:
+        if hold and parent is not None:
+            signal_workers([parent], signal.SIGCONT)
+    dumps: dict[int, list[hang.Thread]] = {}
+    why: dict[int, str] = {}
+    for worker, rank in ((w, w.rank) for w in readable if w.rank is not None):
+        threads = read_dump(worker)
+        if threads:
+            dumps[rank] = threads
+        else:
+            why[rank] = why_pid.get(worker.pid, "ended without a dump")
+    return Taken(dumps, why, unread)
