@@ -496,6 +496,7 @@ class TwoHosts:
             ports["LAUNCHER_WATCH_PORT"] = str(free_port() if watch == -1 else watch)
         self.procs = []
         self.err: list[list[str]] = [[], []]
+        self.readers: list[threading.Thread] = []
         for base, err in zip(self.bases, self.err):
             env = launcher_env(SAGEMAKER_BASE_DIR=str(base), WORKER_RECORD_DIR=str(base / "records"), **ports,
                                LAUNCHER_RESOLVE=",".join(f"{h}=127.0.0.1" for h in HOSTS))
@@ -503,7 +504,8 @@ class TwoHosts:
                                      *script_args], env=env, cwd=str(base), stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
             self.procs.append(proc)
-            threading.Thread(target=lambda p=proc, e=err: e.extend(p.stderr), daemon=True).start()
+            self.readers.append(threading.Thread(target=lambda p=proc, e=err: e.extend(p.stderr), daemon=True))
+            self.readers[-1].start()
 
     def pids(self, host: int) -> set[int]:
         """That host's launcher, torchrun and workers."""
@@ -516,6 +518,10 @@ class TwoHosts:
         return (self.bases[host] / "output" / "failure").read_text()
 
     def stderr(self, host: int) -> str:
+        """What that host's launcher wrote on stderr so far; all of it once the launcher has exited (our
+        reader may lag behind the pipe under load: it is waited for, so the report is not cut off)."""
+        if self.procs[host].poll() is not None:
+            self.readers[host].join(timeout=60)
         return "".join(self.err[host])
 
     def end(self) -> None:
