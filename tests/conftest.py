@@ -294,6 +294,40 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             f"(make test-fast must not run it)" for t, argv in sorted(missing.items()))
 
 
+def installed_here(cwd: str) -> str:
+    """What this environment has installed of the project, seen from ``cwd`` outside the checkout: where
+    ``import launcher`` finds it and which distribution the environment holds (or why neither)."""
+    probe = ("import importlib.metadata as m\n"
+             "try:\n    import launcher; print(launcher.__file__)\nexcept ImportError as e: print(e)\n"
+             "try:\n    d = m.distribution('ddp-launcher'); print(d.version, d._path)\n"
+             "except m.PackageNotFoundError as e: print('not installed', e)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-c", probe], env=env, cwd=cwd, capture_output=True, text=True,
+                          check=True).stdout
+
+
+_installed_at_start: Optional[str] = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Note what the environment has installed of the project (once: not in xdist's workers)."""
+    global _installed_at_start
+    if not hasattr(session.config, "workerinput"):
+        _installed_at_start = installed_here(os.path.dirname(REPO))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if the tests left the environment with less (or more) of the project than they found."""
+    if _installed_at_start is None:
+        return
+    now = installed_here(os.path.dirname(REPO))
+    if now != _installed_at_start:
+        session.config.get_terminal_writer().line(
+            f"the tests changed what this environment has installed of the project:\nbefore: "
+            f"{_installed_at_start}after: {now}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 OUTCOME_SCHEMA = os.path.join(REPO, "docs", "outcome.schema.json")
 
 
