@@ -317,8 +317,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run if the tests left the environment with less (or more) of the project than they found."""
-    if _installed_at_start is None:
+    """Fail the run if the project was installed in this environment when it started and is no longer, or
+    is another copy now (a test that uninstalled or replaced it). One installed meanwhile is not a test's doing."""
+    if _installed_at_start is None or "not installed" in _installed_at_start:
         return
     now = installed_here(os.path.dirname(REPO))
     if now != _installed_at_start:
