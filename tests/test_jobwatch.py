@@ -21,7 +21,7 @@ import time
 from typing import Optional
 
 import pytest
-from conftest import PYTHON, REPO, assert_gone, free_port, is_alive, launcher_env
+from conftest import PYTHON, REPO, assert_gone, free_port, is_alive, launcher_env, validate_outcome
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_launcher_processes import make_host, records, wait_for_records
@@ -517,6 +517,10 @@ class TwoHosts:
     def failure(self, host: int) -> str:
         return (self.bases[host] / "output" / "failure").read_text()
 
+    def outcome(self, host: int) -> dict:
+        """That host's outcome file (SageMaker's place), checked against the schema."""
+        return validate_outcome(str(self.bases[host] / "output" / "data" / "outcome.json"))
+
     def stderr(self, host: int) -> str:
         """What that host's launcher wrote on stderr so far; all of it once the launcher has exited (our
         reader may lag behind the pipe under load: it is waited for, so the report is not cut off)."""
@@ -580,6 +584,9 @@ def test_a_worker_failure_stops_both_hosts_with_its_root_cause(jobs, tmp_path, f
         assert job.procs[host].returncode == code, job.stderr(host)[-3000:]
         assert job.failure(host).startswith(head + "\n" if host == 0 else head), job.failure(host)
         assert job.stderr(host).rstrip().endswith(job.failure(host).rstrip().splitlines()[-1])
+        if code == 137:  # a worker SIGKILLed (as the OOM killer does): 137 like a lost host, not its class
+            data = job.outcome(host)
+            assert (data["class"], data["signal"], data["root_cause_host"]) == ("worker_signal", "SIGKILL", "algo-2")
     assert "\nthen algo-1: " in job.failure(0)  # and then what happened there
     assert waited <= JOB_BOUND
 
@@ -639,6 +646,9 @@ def test_a_host_that_loses_power_is_lost(jobs, tmp_path, lost):
     print(f"{HOSTS[lost]} powered off: {HOSTS[other]} all exited {waited:.2f} s later")
     assert job.procs[other].returncode == jobwatch.LOST_CODE, job.stderr(other)[-3000:]
     assert job.failure(other).startswith(f"{HOSTS[lost]} lost: connection closed\nthen {HOSTS[other]}: ")
+    data = job.outcome(other)  # 137 like a SIGKILLed worker, but its own class
+    assert (data["class"], data["signal"], data["root_cause_host"]) == ("host_lost", None, HOSTS[lost])
+    assert data["infrastructure"] and data["root_cause"].startswith(f"{HOSTS[lost]} lost: ")
     assert waited <= JOB_BOUND
 
 
