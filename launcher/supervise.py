@@ -52,6 +52,10 @@ STDERR_TAIL_LINES = 400
 STDERR_TAIL_LINE_BYTES = 2048
 PUMP_CHUNK = 65536
 PUMP_GATHER = 0.001  # seconds to wait after a short read
+# Seconds the pumps get to copy what torchrun's tree wrote once the tree is gone. They end at once (end of
+# file) unless starved of CPU or a process outside the tree holds a pipe; after this their output is dropped,
+# so that the report stays stderr's last lines.
+PUMP_DRAIN = 30.0
 TICK = 0.5
 STOPPING_TICK = 0.1  # while frozen torchrun's workers end
 
@@ -92,6 +96,41 @@ class StderrTail:
         """The kept lines, decoded (bad bytes replaced), the unfinished last one included."""
         kept = list(self.done) + ([self.partial] if self.partial else [])
         return [line.decode("utf-8", "replace") for line in kept[-(self.done.maxlen or 1):]]
+
+
+class Sink:
+    """One of our standard streams as the pumps' destination, until :meth:`close`: from then on what they
+    copy is dropped, so nothing of the job's output can follow the report.
+
+    Each write is flushed under a lock that :meth:`close` takes too: a write under way when the job's end
+    is reported finishes first, and none starts after it. A stream that fails (closed, or a dead pipe)
+    is dropped the same way: the pumps go on reading, so torchrun never blocks on a full pipe.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream: Optional[IO[bytes]] = stream
+        self._lock = threading.Lock()
+        self.dropped = 0  # bytes that came after close (or after the stream failed)
+
+    def write(self, chunk: bytes) -> None:
+        """Copy ``chunk`` to the stream and flush it; drop it once closed."""
+        with self._lock:
+            if self._stream is None:
+                self.dropped += len(chunk)
+                return
+            try:
+                self._stream.write(chunk)
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._stream = None
+
+    def flush(self) -> None:
+        """Nothing to do: each write is flushed."""
+
+    def close(self) -> None:
+        """Write nothing more (after a write under way has finished). The stream itself stays open."""
+        with self._lock:
+            self._stream = None
 
 
 def _pump(source: IO[bytes], sink: Optional[IO[bytes]], tail: Optional[StderrTail],
@@ -228,6 +267,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
     if watch is not None:
         watch.attach(stop.request)
     tail = StderrTail()
+    sinks = (Sink(sys.stdout.buffer), Sink(sys.stderr.buffer))
     try:
         # SIGTERM to torchrun if the launcher dies (even by SIGKILL): with the watchdog gone too, torchrun
         # still ends its workers. Set in the child before exec (torch handles SIGTERM by shutting down).
@@ -243,8 +283,8 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         if stop.signal is not None:  # arrived while starting
             stop(stop.signal)
         feeds = (None, None) if hangs is None else (hangs.feed, functools.partial(hangs.feed, stderr=True))
-        pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, None, feeds[0]), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, tail, feeds[1]), daemon=True)]
+        pumps = [threading.Thread(target=_pump, args=(proc.stdout, sinks[0], None, feeds[0]), daemon=True),
+                 threading.Thread(target=_pump, args=(proc.stderr, sinks[1], tail, feeds[1]), daemon=True)]
         if hangs is not None:
             hangs.attach(stop.request, proc.pid)
         for pump in pumps:
@@ -255,9 +295,14 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
         if leftovers:
             log(f"killed {leftovers} process(es) torchrun left behind")
-        for pump in pumps:
-            pump.join(timeout=5)
+        for pump in pumps:  # at once, unless starved of CPU or a process outside the tree holds a pipe
+            pump.join(timeout=PUMP_DRAIN)
+        late = [pump for pump in pumps if pump.is_alive()]
+        if late:
+            log(f"the job's output still open {PUMP_DRAIN:g} s after its end: the rest is not shown")
     finally:
+        for sink in sinks:  # whatever the pumps copy from now on would come after the report
+            sink.close()
         if watch is not None:
             watch.attach(None)
         if hangs is not None:

@@ -167,19 +167,45 @@ def _parent(pid: int) -> int:
         return 0
 
 
-def _started_by(pid: int, tag: bytes) -> bool:
-    """True if this test started ``pid``: it inherited the test's tag, or descends from this process."""
+def _tag_of(pid: int) -> Optional[bytes]:
+    """The test tag a process was started with (``_TAG=value``), or None (none, or unreadable)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
-            if tag in fh.read().split(b"\0"):
-                return True
+            entries = fh.read().split(b"\0")
     except OSError:
-        pass
-    me, seen = os.getpid(), 0
-    while pid > 1 and seen < 64:
-        pid, seen = _parent(pid), seen + 1
+        return None
+    prefix = _TAG.encode() + b"="
+    return next((e[len(prefix):] for e in entries if e.startswith(prefix)), None)
+
+
+# This pytest process as /proc names it (os.getpid() differs where pytest runs in a PID namespace of its own
+# under the machine's /proc), and a value no other pytest process can have: the tests' tags start with it.
+_ME = int(os.readlink("/proc/self"))
+_SESSION = f"{os.getpid()}-{os.urandom(6).hex()}"
+
+
+def _started_by(pid: int, tag: bytes, me: int = _ME, session: str = _SESSION) -> bool:
+    """True if the test whose tag is ``tag`` started ``pid``.
+
+    The process, then each of its ancestors in turn: one that carries the tag, or this pytest process
+    itself, says yes (a process that cleared its environment still descends from its test; a daemon that
+    left the tree keeps its tag). One that carries another tag of this session says no: an earlier test
+    left it running here (a module's lab, a thread), and what it starts is not this test's. Tags of other
+    pytest processes (a pytest that a test started) are walked through; a process of another user, or one
+    that neither descends from us nor carries our tag (another lab on the machine), is not ours.
+    """
+    own_session = session.encode() + b":"
+    for _ in range(64):
+        if pid <= 0:
+            return False
         if pid == me:
             return True
+        found = _tag_of(pid)
+        if found == tag:
+            return True
+        if found is not None and found.startswith(own_session):
+            return False
+        pid = _parent(pid)
     return False
 
 
@@ -187,7 +213,7 @@ class TierGuard:
     """Samples the processes a test starts, in a thread, and keeps the tiers they belong to."""
 
     def __init__(self, tag: str) -> None:
-        self.tag = tag.encode()
+        self.tag = tag.encode()  # the value of _TAG that this test's processes inherit
         self.found: dict[str, str] = {}  # tier -> one command line that shows it
         self.checked: set[int] = set()
         self.stop = threading.Event()
@@ -236,9 +262,9 @@ _guards: dict[str, TierGuard] = {}
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]):
     """Run the test (set-up, call, tear-down) under a :class:`TierGuard`; its tear-down report says
     whether the test started something its markers do not admit (:func:`pytest_runtest_makereport`)."""
-    tag = f"{os.getpid()}:{item.nodeid}"
+    tag = f"{_SESSION}:{item.nodeid}"
     os.environ[_TAG] = tag
-    with TierGuard(f"{_TAG}={tag}") as _guards[item.nodeid]:
+    with TierGuard(tag) as _guards[item.nodeid]:
         yield
     os.environ.pop(_TAG, None)
     _guards.pop(item.nodeid, None)
@@ -266,6 +292,41 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.longrepr = "\n".join(
             f"started {argv!r} but is not marked {t!r} ({TIERS[t]}): add @pytest.mark.{t} "
             f"(make test-fast must not run it)" for t, argv in sorted(missing.items()))
+
+
+def installed_here(cwd: str) -> str:
+    """What this environment has installed of the project, seen from ``cwd`` outside the checkout: where
+    ``import launcher`` finds it and which distribution the environment holds (or why neither)."""
+    probe = ("import importlib.metadata as m\n"
+             "try:\n    import launcher; print(launcher.__file__)\nexcept ImportError as e: print(e)\n"
+             "try:\n    d = m.distribution('ddp-launcher'); print(d.version, d._path)\n"
+             "except m.PackageNotFoundError as e: print('not installed', e)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-c", probe], env=env, cwd=cwd, capture_output=True, text=True,
+                          check=True).stdout
+
+
+_installed_at_start: Optional[str] = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Note what the environment has installed of the project (once: not in xdist's workers)."""
+    global _installed_at_start
+    if not hasattr(session.config, "workerinput"):
+        _installed_at_start = installed_here(os.path.dirname(REPO))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if the project was installed in this environment when it started and is no longer, or
+    is another copy now (a test that uninstalled or replaced it). One installed meanwhile is not a test's doing."""
+    if _installed_at_start is None or "not installed" in _installed_at_start:
+        return
+    now = installed_here(os.path.dirname(REPO))
+    if now != _installed_at_start:
+        session.config.get_terminal_writer().line(
+            f"the tests changed what this environment has installed of the project:\nbefore: "
+            f"{_installed_at_start}after: {now}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 OUTCOME_SCHEMA = os.path.join(REPO, "docs", "outcome.schema.json")

@@ -7,9 +7,11 @@ exception text that UTF-8 cannot encode, a rank that exits on its own while torc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import threading
@@ -25,7 +27,7 @@ from launcher import failure
 from launcher.cluster import Cluster
 from launcher.command import Launch
 from launcher.outcome import Outcome
-from launcher.supervise import StderrTail, _pump
+from launcher.supervise import Sink, StderrTail, _pump
 
 # torchrun 2.14.1's own words for: rank 1 sys.exit(7)ed, torchrun then SIGTERMed rank 0 (captured).
 EXIT7_ROOT = """\
@@ -223,6 +225,50 @@ def test_pump_passes_bytes_on_before_a_newline():
     os.close(write_fd)
     pump.join(timeout=5)
     assert got and got[0] == b"no newline yet"
+
+
+def test_a_closed_sink_lets_nothing_of_the_job_follow_the_report():
+    """The report ends stderr: once supervise closes the sinks, what a pump still copies (a pipe that a
+    process outside the tree holds, a pump starved of CPU) is dropped, and a write under way (our reader
+    is slow: the destination is full) finishes before close returns."""
+    source_read, source_write = os.pipe()
+    dest_read, dest_write = os.pipe()
+    os.set_blocking(dest_write, False)
+    filler = 0
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            filler += os.write(dest_write, b"f" * 4096)
+    os.set_blocking(dest_write, True)
+    destination = os.fdopen(dest_write, "wb")
+    sink = Sink(destination)
+    pump = threading.Thread(target=_pump, args=(os.fdopen(source_read, "rb"), sink, None), daemon=True)
+    pump.start()
+    os.write(source_write, b"before the report\n")
+    deadline = time.monotonic() + 30
+    while not sink._lock.locked():  # the pump's write is under way, blocked on the full destination
+        assert time.monotonic() < deadline, "the pump never wrote"
+        time.sleep(0.01)
+    closer = threading.Thread(target=sink.close, daemon=True)
+    closer.start()
+    closer.join(timeout=0.5)
+    assert closer.is_alive(), "close returned while a write was still under way"
+    got = bytearray()
+    while closer.is_alive():  # our slow reader catches up
+        if select.select([dest_read], [], [], 0.05)[0]:
+            got += os.read(dest_read, 1 << 16)
+    os.write(source_write, b"after the report\n")
+    os.close(source_write)
+    pump.join(timeout=30)
+    assert not pump.is_alive()
+    destination.close()
+    while True:
+        chunk = os.read(dest_read, 1 << 16)
+        if not chunk:
+            break
+        got += chunk
+    os.close(dest_read)
+    assert bytes(got) == b"f" * filler + b"before the report\n"
+    assert sink.dropped == len(b"after the report\n")
 
 
 # --- the writer: atomic, best text, never raises ---------------------------------------------------

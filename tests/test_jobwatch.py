@@ -21,7 +21,7 @@ import time
 from typing import Optional
 
 import pytest
-from conftest import PYTHON, REPO, assert_gone, free_port, is_alive, launcher_env
+from conftest import PYTHON, REPO, assert_gone, free_port, is_alive, launcher_env, validate_outcome
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_launcher_processes import make_host, records, wait_for_records
@@ -496,6 +496,7 @@ class TwoHosts:
             ports["LAUNCHER_WATCH_PORT"] = str(free_port() if watch == -1 else watch)
         self.procs = []
         self.err: list[list[str]] = [[], []]
+        self.readers: list[threading.Thread] = []
         for base, err in zip(self.bases, self.err):
             env = launcher_env(SAGEMAKER_BASE_DIR=str(base), WORKER_RECORD_DIR=str(base / "records"), **ports,
                                LAUNCHER_RESOLVE=",".join(f"{h}=127.0.0.1" for h in HOSTS))
@@ -503,7 +504,8 @@ class TwoHosts:
                                      *script_args], env=env, cwd=str(base), stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
             self.procs.append(proc)
-            threading.Thread(target=lambda p=proc, e=err: e.extend(p.stderr), daemon=True).start()
+            self.readers.append(threading.Thread(target=lambda p=proc, e=err: e.extend(p.stderr), daemon=True))
+            self.readers[-1].start()
 
     def pids(self, host: int) -> set[int]:
         """That host's launcher, torchrun and workers."""
@@ -515,7 +517,15 @@ class TwoHosts:
     def failure(self, host: int) -> str:
         return (self.bases[host] / "output" / "failure").read_text()
 
+    def outcome(self, host: int) -> dict:
+        """That host's outcome file (SageMaker's place), checked against the schema."""
+        return validate_outcome(str(self.bases[host] / "output" / "data" / "outcome.json"))
+
     def stderr(self, host: int) -> str:
+        """What that host's launcher wrote on stderr so far; all of it once the launcher has exited (our
+        reader may lag behind the pipe under load: it is waited for, so the report is not cut off)."""
+        if self.procs[host].poll() is not None:
+            self.readers[host].join(timeout=60)
         return "".join(self.err[host])
 
     def end(self) -> None:
@@ -574,6 +584,9 @@ def test_a_worker_failure_stops_both_hosts_with_its_root_cause(jobs, tmp_path, f
         assert job.procs[host].returncode == code, job.stderr(host)[-3000:]
         assert job.failure(host).startswith(head + "\n" if host == 0 else head), job.failure(host)
         assert job.stderr(host).rstrip().endswith(job.failure(host).rstrip().splitlines()[-1])
+        if code == 137:  # a worker SIGKILLed (as the OOM killer does): 137 like a lost host, not its class
+            data = job.outcome(host)
+            assert (data["class"], data["signal"], data["root_cause_host"]) == ("worker_signal", "SIGKILL", "algo-2")
     assert "\nthen algo-1: " in job.failure(0)  # and then what happened there
     assert waited <= JOB_BOUND
 
@@ -633,6 +646,9 @@ def test_a_host_that_loses_power_is_lost(jobs, tmp_path, lost):
     print(f"{HOSTS[lost]} powered off: {HOSTS[other]} all exited {waited:.2f} s later")
     assert job.procs[other].returncode == jobwatch.LOST_CODE, job.stderr(other)[-3000:]
     assert job.failure(other).startswith(f"{HOSTS[lost]} lost: connection closed\nthen {HOSTS[other]}: ")
+    data = job.outcome(other)  # 137 like a SIGKILLed worker, but its own class
+    assert (data["class"], data["signal"], data["root_cause_host"]) == ("host_lost", None, HOSTS[lost])
+    assert data["infrastructure"] and data["root_cause"].startswith(f"{HOSTS[lost]} lost: ")
     assert waited <= JOB_BOUND
 
 

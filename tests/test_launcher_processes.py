@@ -130,16 +130,6 @@ def test_worker_killed_by_signal_gives_128_plus_n(tmp_path):
 
 
 @pytest.mark.job
-def test_exception_reaches_the_failure_report(tmp_path):
-    code, _err, failure = run_single(tmp_path, ["--raise-on", "1", "--fail-at-step", "2"])
-    assert code == 1
-    lines = failure.splitlines()
-    assert lines[0] == "algo-1: rank 1 (local rank 1) exited with code 1"
-    assert lines[1] == "ValueError: bad batch on rank 1 at step 2"
-    assert "launcher_worker.py" in failure and len(failure) <= 1024
-
-
-@pytest.mark.job
 @pytest.mark.parametrize("clean", [False, True])
 def test_sigterm_reaches_the_workers(tmp_path, clean):
     base = single_host(tmp_path)

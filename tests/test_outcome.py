@@ -1,26 +1,24 @@
 """Classes as codes and as data: the outcome file of every run, checked against docs/outcome.schema.json.
 
 Unit tests for the classification and the writer; real runs for success, a worker's own code, bad
-input, the launcher's own error, and on two hosts a lost host against a worker the kernel SIGKILLed
-(both exit 137; the outcome files tell them apart). ``conftest.every_outcome_file_matches_the_schema``
+input, the launcher's own error. On two hosts, a lost host against a worker the kernel SIGKILLed (both exit
+137; the outcome files tell them apart) is checked in tests/test_jobwatch.py, on the jobs that already end so
+(test_a_worker_failure_stops_both_hosts_with_its_root_cause, test_a_host_that_loses_power_is_lost).
+``conftest.every_outcome_file_matches_the_schema``
 also checks every outcome file any test's real run wrote.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import subprocess
-import threading
 import time
 
 import pytest
 from conftest import PYTHON, assert_gone, free_port, launcher_env, validate_outcome
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_launcher_processes import WORKER, job_pids, make_host, start_launcher, wait_for_records
+from test_launcher_processes import WORKER, job_pids, make_host, start_launcher
 
 from launcher import cli, codes, report
 from launcher.failure import RootCause
@@ -153,54 +151,6 @@ def test_the_launchers_own_error_is_internal_and_written(tmp_path, capfd):
     data = sagemaker_outcome(base)
     assert (data["class"], data["exit_code"]) == ("internal", 70)
     assert "FileNotFoundError" in data["exception"] and not os.path.exists(p.launch.run_dir)
-
-
-def two_hosts(tmp_path, worker_args):
-    hosts = ["algo-1", "algo-2"]
-    bases = [make_host(tmp_path, h, hosts) for h in hosts]
-    port, watch = free_port(), free_port()
-    procs = [start_launcher(b, ["--nproc-per-node", "2", "--heartbeat-timeout", "3", WORKER, *worker_args],
-                            port, hosts, LAUNCHER_WATCH_PORT=str(watch)) for b in bases]
-    # drain stderr: a full pipe must not stall a launcher
-    errs = [[], []]
-    for proc, err in zip(procs, errs):
-        threading.Thread(target=lambda p=proc, e=err: e.extend(p.stderr), daemon=True).start()
-    return bases, procs, errs
-
-
-@pytest.mark.job
-def test_a_lost_host_and_a_sigkilled_worker_share_137_but_not_their_class(tmp_path):
-    # A worker the kernel SIGKILLs (as the OOM killer does): every host says worker_signal, SIGKILL.
-    bases, procs, errs = two_hosts(tmp_path / "oom", [*["--steps", "100000", "--step-sleep", "0.05"],
-                                                      "--self-signal", "SIGKILL", "--fail-rank", "2",
-                                                      "--fail-at-step", "3"])
-    for proc in procs:
-        proc.wait(timeout=180)
-    assert_gone(job_pids(None, *bases) | {p.pid for p in procs})
-    for base, proc, err in zip(bases, procs, errs):
-        data = sagemaker_outcome(base)
-        assert proc.returncode == 137, "".join(err)[-3000:]
-        assert (data["class"], data["signal"], data["root_cause_host"]) == ("worker_signal", "SIGKILL", "algo-2")
-    # A host whose launcher and everything under it is SIGKILLed at once: the other says host_lost.
-    bases, procs, errs = two_hosts(tmp_path / "lost", ["--steps", "100000", "--step-sleep", "0.05"])
-    try:
-        wait_for_records(bases[1], 2, timeout=180, steps=1)
-        pids = job_pids(procs[1], bases[1])
-        for pid in pids:  # our own job's processes on algo-2, by PID
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        procs[0].wait(timeout=120)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=60)
-    assert_gone(job_pids(None, *bases) | {p.pid for p in procs}, within=30)
-    data = sagemaker_outcome(bases[0])
-    assert procs[0].returncode == 137, "".join(errs[0])[-3000:]
-    assert (data["class"], data["signal"], data["root_cause_host"]) == ("host_lost", None, "algo-2")
-    assert data["infrastructure"] and data["root_cause"].startswith("algo-2 lost: ")
-    assert json.loads(json.dumps(data)) == data
 
 
 def test_one_limit_per_platform_applied_once():

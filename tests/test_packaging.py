@@ -13,8 +13,14 @@ from conftest import REPO
 
 def test_pip_install_gives_a_working_command(tmp_path):
     prefix = tmp_path / "prefix"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--prefix", str(prefix), REPO], check=True, capture_output=True, cwd=str(tmp_path))
+    # --ignore-installed: without it pip first uninstalls the copy installed in this environment (make demo's
+    # editable install in .venv), and the environment would be left without the project. pip says when it
+    # uninstalls ("Attempting uninstall", "Successfully uninstalled"); the session check in conftest.py compares
+    # the environment before and after the whole run (here, others may change a shared environment meanwhile).
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+                           "--ignore-installed", "--prefix", str(prefix), REPO], check=True, capture_output=True,
+                          text=True, cwd=str(tmp_path))
+    assert "uninstall" not in (done.stdout + done.stderr).lower(), done.stdout
     site = glob.glob(str(prefix / "lib" / "python*" / "site-packages"))[0]
     command = prefix / "bin" / "ddp-launcher"
     assert command.exists()

@@ -1,14 +1,13 @@
-"""PBS: the node file's corner cases, wrong use, and a real 2-host x 2-process job (one UTS namespace per host)."""
+"""PBS: the node file's corner cases and wrong use. The real 2-host x 2-process job, each host under its own
+kernel host name, is tests/test_simulate_hpc.py::test_two_hosts_two_processes[pbs]."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 
 import pytest
-from conftest import PYTHON, REPO, LiveProcess, assert_gone, launcher_env, resolve_cluster
+from conftest import PYTHON, REPO, launcher_env, resolve_cluster
 
 from launcher import platforms
 from launcher.errors import ConfigError
@@ -68,34 +67,3 @@ def test_this_host_missing_exits_2_before_anything_starts(tmp_path) -> None:
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr
     assert f"is not in PBS_NODEFILE {node_file}: ['elsewhere1', 'elsewhere2']" in run.stderr
     assert not (tmp_path / "train.py.ran").exists()
-
-
-class Host(LiveProcess):
-    def abort(self) -> None:
-        self.proc.kill()
-
-
-@pytest.mark.job
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                    reason="a host name per launcher needs root (unshare --uts)")
-def test_two_pbs_hosts_with_two_processes_each(tmp_path) -> None:
-    """Two launchers, each in a UTS namespace named as a node of the file, PBS_NODEFILE as PBS writes it."""
-    node_file = tmp_path / "nodefile"
-    node_file.write_text("pbs-n1\npbs-n1\npbs-n2\npbs-n2\n")  # ncpus=2 per chunk: a line per core
-    records = tmp_path / "records"
-    records.mkdir()
-    env = launcher_env(PBS_JOBID="31337.pbs01", PBS_NODEFILE=str(node_file), WORKER_RECORD_DIR=str(records),
-                       LAUNCHER_RESOLVE="pbs-n1=127.0.0.1,pbs-n2=127.0.0.1", OMP_NUM_THREADS="1")
-    hosts = [Host(["unshare", "--uts", "sh", "-c", f'hostname {name} && exec "$@"', "sh", PYTHON, "-m",
-                   "launcher", "--nproc-per-node", "2", WORKER, "--steps", "3"], cwd=str(tmp_path), env=env)
-             for name in ("pbs-n2", "pbs-n1")]
-    codes = [h.proc.wait(timeout=240) for h in hosts]
-    for h in hosts:
-        h.join_readers()
-    assert codes == [0, 0], "\n".join(h.stderr[-2000:] for h in hosts)
-    facts = [json.loads((records / f"rank{r}.json").read_text()) for r in range(4)]
-    assert [(f["rank"], f["world_size"], f["host"]) for f in facts] == [
-        (0, 4, "pbs-n1"), (1, 4, "pbs-n1"), (2, 4, "pbs-n2"), (3, 4, "pbs-n2")]
-    assert all(f["params"] == facts[0]["params"] for f in facts)
-    assert "--master-addr 127.0.0.1 --master-port 21337" in hosts[1].stderr
-    assert_gone([h.proc.pid for h in hosts] + [f["pid"] for f in facts])

@@ -101,10 +101,12 @@ def hosts_run(tmp_path, names, fail_rank, wrap):
 def test_one_host_line_2_is_the_exception(tmp_path, wrap):
     bases, codes, errs = hosts_run(tmp_path, ["algo-1"], 1, wrap)
     assert codes == [1], errs[0][-3000:]
-    report = (bases[0] / "output" / "failure").read_text().splitlines()
+    text = (bases[0] / "output" / "failure").read_text()
+    report = text.splitlines()
     assert report[:2] == ["algo-1: rank 1 (local rank 1) exited with code 1",
                           "ValueError: bad batch on rank 1 at step 3"]
     assert not any(line.startswith("[rank") for line in report)  # the report carries no prefixes
+    assert "raises.py" in text and len(text) <= 1024  # the traceback, within SageMaker's limit
 
 
 @pytest.mark.job

@@ -251,6 +251,7 @@ def test_pbs_refused_where_namespaces_are_not_permitted(tmp_path: Any) -> None:
 def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:
     sim, code, summary, records = two_by_two(tmp_path, platform, "hj", OMP_NUM_THREADS="1")
     assert [r["world_size"] for r in records] == [4] * 4 and [r["group_rank"] for r in records] == [0, 0, 1, 1]
+    assert all(r["params"] == records[0]["params"] for r in records)  # DDP kept every replica identical
     assert any(line.startswith(f"[node1] [ddp-launcher] {platform} host node1: node 0 of 2") for line in sim.err)
     assert any(line.startswith("[node1] [rank0]:rank 0 of 4 done") for line in sim.out), sim.stdout
     if platform == "pbs":  # each host ran under its own kernel host name, the one in the node file

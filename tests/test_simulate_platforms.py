@@ -268,7 +268,8 @@ def two_by_two(tmp_path: Any, platform: str, job_name: str, **env: str) -> tuple
 @pytest.mark.parametrize("platform", [_job_case(p) for p in BUILDERS if p not in HPC and p != "sagemaker"])
 def test_two_hosts_two_processes(tmp_path: Any, platform: str) -> None:
     sim, code, summary, records = two_by_two(tmp_path, platform, "pj")
-    assert [r["world_size"] for r in records] == [4] * 4 and records[0]["group_rank"] == 0
+    assert [r["world_size"] for r in records] == [4] * 4 and [r["group_rank"] for r in records] == [0, 0, 1, 1]
+    assert all(r["params"] == records[0]["params"] for r in records)  # DDP kept every replica identical
     master = builder(platform).host_names("pj", 2)[0]
     assert any(line.startswith(f"[{master}] [rank0]:rank 0 of 4 done") for line in sim.out), sim.stdout
     assert [h["exit_code"] for h in summary["hosts"]] == [0, 0] and summary["platform"] == platform

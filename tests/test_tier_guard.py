@@ -1,0 +1,65 @@
+"""The tier guard (conftest.py) blames a test only for processes it started: its own tree, or its tag.
+
+Real processes: a stand-in for the pytest process (``me``) with a tree below it, and processes beside it,
+as another lab on the machine or an earlier test's leftovers would be. The guard's rule is applied to each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+from conftest import PYTHON, REPO, _started_by, assert_gone
+
+TREE = os.path.join(REPO, "tests", "scripts", "process_tree.py")
+SESSION = f"{os.getpid()}-{os.urandom(6).hex()}"  # a session of its own: the real guard's is not involved
+TAG = f"{SESSION}:tests/test_x.py::test_now".encode()
+
+
+def start(directory: Any, spec: dict) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "DDP_LAUNCHER_TEST_TAG"}
+    if spec.get("tag") is not None:
+        env["DDP_LAUNCHER_TEST_TAG"] = spec["tag"]
+    return subprocess.Popen([PYTHON, TREE, str(directory), json.dumps(spec)], env=env)
+
+
+def names(spec: dict) -> list[str]:
+    return [spec["name"]] + [n for child in spec.get("children", []) for n in names(child)]
+
+
+def test_the_guard_attributes_a_process_to_the_test_that_started_it(tmp_path):
+    earlier = f"{SESSION}:tests/test_x.py::test_before"  # an earlier test of this pytest process
+    other_pytest = f"{os.getpid() + 1}-{os.urandom(6).hex()}:tests/test_x.py::test_now"  # same pid and test elsewhere
+    me = {"name": "me", "tag": None, "children": [
+        {"name": "no_tag", "tag": None, "children": [{"name": "no_tag_child", "tag": None}]},  # cleared env
+        {"name": "left_by_earlier", "tag": earlier, "children": [{"name": "left_by_earlier_child", "tag": None}]},
+        {"name": "nested_pytest", "tag": other_pytest, "children": [{"name": "nested_child", "tag": None}]},
+        {"name": "detached_with_tag", "tag": TAG.decode(), "detach": True},
+        {"name": "detached_no_tag", "tag": None, "detach": True}]}
+    beside = [{"name": "other_lab", "tag": None, "children": [{"name": "other_lab_holder", "tag": None}]},
+              {"name": "other_session", "tag": other_pytest},
+              {"name": "beside_with_tag", "tag": TAG.decode()}]
+    procs = [start(tmp_path, spec) for spec in [me, *beside]]
+    expected = {"me": True, "no_tag": True, "no_tag_child": True, "left_by_earlier": False,
+                "left_by_earlier_child": False, "nested_pytest": True, "nested_child": True,
+                "detached_with_tag": True, "detached_no_tag": False, "other_lab": False,
+                "other_lab_holder": False, "other_session": False, "beside_with_tag": True}
+    assert set(expected) == {n for spec in [me, *beside] for n in names(spec)}
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / name).exists() for name in expected):
+        assert time.monotonic() < deadline, sorted(set(expected) - set(os.listdir(tmp_path)))
+        time.sleep(0.05)
+    pids = {name: int((tmp_path / name).read_text()) for name in expected}
+    try:
+        found = {name: _started_by(pid, TAG, me=pids["me"], session=SESSION) for name, pid in pids.items()}
+        assert found == expected
+    finally:
+        for pid in pids.values():
+            os.kill(pid, signal.SIGKILL)
+        for proc in procs:
+            proc.wait(timeout=30)
+    assert_gone(pids.values())
