@@ -13,6 +13,11 @@ launcher (``DDP_LAUNCHER_PROGRESS``) unless ``--no-beat``.
 ``--fail MODE`` in the generations ``--fail-in`` (comma list, or ``all``), rank ``--fail-rank``, at step
 ``--fail-step`` (0: before the first step): ``exit`` (exit 3), ``raise`` (RuntimeError, same line every
 time), ``kill`` (SIGKILL itself), ``hang`` (stops taking part: the others wait in the collective).
+
+``--window-in GENS``: in those generations every rank prints ``restart window step=99`` before its process
+group forms and sleeps ``--window-sleep`` s (a ``simulate --fault HOST:SIGTERM:step=99`` lands inside a
+restart, before the new generation's first step). Each rank records ``old_alive``: the pids of the
+generation before (their records) that still exist when its own process group is up.
 """
 
 import argparse
@@ -47,6 +52,23 @@ def beat(rank):
         sock.close()
 
 
+def old_alive(out, gen):
+    """The pids of generation ``gen - 1`` (from their records) that exist now."""
+    alive = []
+    for name in sorted(os.listdir(out)):
+        if name.startswith(f"g{gen - 1}.r") and name.endswith(".json"):
+            with open(os.path.join(out, name)) as fh:
+                pid = json.load(fh)["pid"]
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    state = fh.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":  # a zombie has ended: only its exit status is left
+                alive.append(pid)
+    return alive
+
+
 def fail(mode):
     if mode == "exit":
         sys.exit(3)
@@ -69,15 +91,21 @@ def main():
     parser.add_argument("--fail-step", type=int, default=3)
     parser.add_argument("--fail-in", default="0")
     parser.add_argument("--no-beat", action="store_true")
+    parser.add_argument("--window-in", default="")
+    parser.add_argument("--window-sleep", type=float, default=60.0)
     args = parser.parse_args()
     gen = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank = int(os.environ["RANK"])
     failing = args.fail != "none" and rank == args.fail_rank and (
         args.fail_in == "all" or str(gen) in args.fail_in.split(","))
+    if str(gen) in args.window_in.split(","):
+        print(f"generation {gen} rank {rank}: restart window step=99", flush=True)
+        time.sleep(args.window_sleep)
     dist.init_process_group("gloo")
     dist.barrier()
     mine = os.path.join(args.out, f"g{gen}.r{rank}.json")
-    facts = {"rank": rank, "generation": gen, "pid": os.getpid(), "met_at": time.time(), "steps": 0}
+    facts = {"rank": rank, "generation": gen, "pid": os.getpid(), "met_at": time.time(), "steps": 0,
+             "master_port": os.environ.get("MASTER_PORT"), "old_alive": old_alive(args.out, gen)}
     save(mine, facts)
     ckpt = os.path.join(args.out, "ckpt.json")
     state = {"step": 0, "sum": 0.0}

@@ -1,0 +1,130 @@
+"""Job-wide restarts in place (``--max-restarts``, launcher/restart.py): real gloo jobs on namespaced hosts.
+
+tests/scripts/restart_worker.py fails on purpose in chosen generations (it reads the generation from
+``TORCHELASTIC_RESTART_COUNT``), keeps a checkpoint and resumes from it, and records each rank's pid per
+generation and the pids of the generation before that still exist when its process group is up. Several
+independent jobs run side by side (each its own namespaces) to keep the suite's time down. Each test proves
+nothing is left: every process of every job gone, nothing in the work directories, the machine's network as before.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Any, NamedTuple
+
+import pytest
+from conftest import REPO, assert_gone, launcher_env
+from test_simulate import Simulate, processes_inside, read_json
+from test_simulate_netns import machine  # noqa: F401  (a fixture used below)
+
+from launcher import codes
+from launcher.simulate import netns
+
+WHY_NOT = netns.unavailable()
+pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}"),
+              pytest.mark.usefixtures("machine"), pytest.mark.job, pytest.mark.lab]
+
+SCRIPT = os.path.join(REPO, "tests", "scripts", "restart_worker.py")
+STEPS = 6
+
+
+class Job(NamedTuple):
+    """One simulated job of a test: its process, where it runs, how many hosts."""
+
+    sim: Simulate
+    workdir: str
+    out: str
+    hosts: int
+
+
+class Result(NamedTuple):
+    """How a job ended: simulate's code, each host's exit code, outcome file and log lines, the records."""
+
+    code: int
+    exits: dict[str, int]
+    outcomes: dict[str, Any]
+    logs: dict[str, list[str]]
+    records: dict[str, Any]  # "g<gen>.r<rank>" -> the rank's record
+    checkpoint: Any
+
+
+def launch(tmp_path: Any, name: str, hosts: int, *script_args: str, sim_args: tuple[str, ...] = (),
+           platform: str = "sagemaker", **options: str) -> Job:
+    """Start a job; ``options`` are the launcher's (LAUNCHER_<NAME> in every host's environment)."""
+    workdir, out = str(tmp_path / name), str(tmp_path / f"{name}-out")
+    os.mkdir(out)
+    env = launcher_env(**{f"LAUNCHER_{k.upper()}": v for k, v in options.items()})
+    sim = Simulate(["--hosts", str(hosts), "--workdir", workdir, "--job-name", name, "--platform", platform,
+                    "--platform-stop", "off", "--deadline", "240", "--nproc-per-node", "1", *sim_args, "--", SCRIPT, "--out", out,
+                    "--steps", str(STEPS), *script_args], str(tmp_path), env)
+    return Job(sim, workdir, out, hosts)
+
+
+def finish(job: Job) -> Result:
+    """Wait for the job's end; prove nothing of it is left; read what it left behind."""
+    try:
+        code = job.sim.finish(timeout=400)
+    finally:
+        if job.sim.proc.poll() is None:
+            job.sim.abort()
+    summary = read_json(os.path.join(job.workdir, "summary.json"))
+    records = {os.path.basename(p)[:-5]: read_json(p) for p in glob.glob(os.path.join(job.out, "g*.r*.json"))}
+    pids = {job.sim.proc.pid, *(h["pid"] for h in summary["hosts"]), *(r["pid"] for r in records.values())}
+    assert_gone(pids)
+    assert processes_inside(job.workdir) == []
+    names = [f"algo-{i}" for i in range(1, job.hosts + 1)] if summary["platform"] == "sagemaker" else \
+        [h["host"] for h in summary["hosts"]]
+    outcomes = {}
+    for host in names:
+        path = os.path.join(job.workdir, host, "output", "data", "outcome.json")
+        if os.path.exists(path):
+            outcomes[host] = read_json(path)
+    logs = {h["host"]: [line for line in job.sim.err if line.startswith(f"[{h['host']}] [ddp-launcher]")]
+            for h in summary["hosts"]}
+    ckpt = os.path.join(job.out, "ckpt.json")
+    return Result(code, {h["host"]: h["exit_code"] for h in summary["hosts"]}, outcomes, logs, records,
+                  read_json(ckpt) if os.path.exists(ckpt) else None)
+
+
+def restart_lines(result: Result, host: str) -> list[str]:
+    """The host's restart lines (one per restart)."""
+    return [line for line in result.logs[host] if re.search(r"\] restart \d+ of \d+ \(job-wide\)", line)]
+
+
+def uninterrupted_sum(world: int) -> float:
+    """What rank 0's checkpoint holds after an uninterrupted run: each step all-reduces rank + 1."""
+    return STEPS * world * (world + 1) / 2
+
+
+def test_one_failure_restarts_every_host_once_and_the_job_finishes(tmp_path: Any) -> None:
+    # Side by side: a worker exits 3 once (SageMaker, budget 1: one failure costs exactly one restart) and a
+    # worker is SIGKILLed once (Kubeflow, whose MASTER_PORT is fixed: the new rendezvous reuses it).
+    exits = launch(tmp_path, "exits", 2, "--fail", "exit", max_restarts="1")
+    killed = launch(tmp_path, "killed", 2, "--fail", "kill", platform="kubeflow", max_restarts="2")
+    results = {"exits": finish(exits), "killed": finish(killed)}
+    for job, result in ((exits, results["exits"]), (killed, results["killed"])):
+        assert result.code == 0 and set(result.exits.values()) == {0}, job.sim.stderr[-4000:]
+        for host, lines in result.logs.items():
+            said = restart_lines(result, host)
+            assert len(said) == 1 and "generation 1 starts" in said[0] and "first step" in said[0], lines
+        # every rank ran generations 0 and 1 (TORCHELASTIC_RESTART_COUNT), none of generation 0 left by then
+        assert sorted(result.records) == ["g0.r0", "g0.r1", "g1.r0", "g1.r1"]
+        assert {r["generation"] for k, r in result.records.items() if k.startswith("g1")} == {1}
+        assert all(r["old_alive"] == [] for r in result.records.values())
+        assert result.records["g1.r0"]["steps"] == STEPS - 2  # resumed after the 2 complete steps
+        assert result.checkpoint == {"step": STEPS, "sum": uninterrupted_sum(2)}
+    ports = {k: r["master_port"] for k, r in results["killed"].records.items()}
+    assert len(set(ports.values())) == 1  # Kubeflow's fixed MASTER_PORT, reused by generation 1
+    for host in results["killed"].logs:  # rank 1 is on the worker pod: the root cause named on every host
+        assert "killed-worker-0: rank 1" in restart_lines(results["killed"], host)[0]
+        assert "SIGKILL" in restart_lines(results["killed"], host)[0]
+    for host, outcome in results["exits"].outcomes.items():
+        assert outcome["class"] == codes.SUCCESS and outcome["recovered"] is True, host
+        [restart] = outcome["restarts"]
+        assert restart["generation"] == 1 and restart["class"] == codes.WORKER_EXIT and restart["exit_code"] == 3
+        assert restart["root_cause_host"] == "algo-2" and "exited with code 3" in restart["root_cause"]
+        assert "Gloo" not in restart["root_cause"]  # the worker's own exit, not a restart race
+        assert restart["seconds_to_first_step"] is not None
+    assert len(results["exits"].outcomes) == 2
