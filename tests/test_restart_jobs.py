@@ -57,8 +57,8 @@ def launch(tmp_path: Any, name: str, hosts: int, *script_args: str, sim_args: tu
     os.mkdir(out)
     env = launcher_env(**{f"LAUNCHER_{k.upper()}": v for k, v in options.items()})
     sim = Simulate(["--hosts", str(hosts), "--workdir", workdir, "--job-name", name, "--platform", platform,
-                    "--platform-stop", "off", "--deadline", "240", "--nproc-per-node", "1", *sim_args, "--", SCRIPT, "--out", out,
-                    "--steps", str(STEPS), *script_args], str(tmp_path), env)
+                    "--platform-stop", "off", "--deadline", "240", "--nproc-per-node", "1", *sim_args, "--", SCRIPT,
+                    "--out", out, "--steps", str(STEPS), *script_args], str(tmp_path), env)
     return Job(sim, workdir, out, hosts)
 
 
@@ -128,3 +128,50 @@ def test_one_failure_restarts_every_host_once_and_the_job_finishes(tmp_path: Any
         assert "Gloo" not in restart["root_cause"]  # the worker's own exit, not a restart race
         assert restart["seconds_to_first_step"] is not None
     assert len(results["exits"].outcomes) == 2
+
+
+def test_restarting_stops_where_it_cannot_help(tmp_path: Any) -> None:
+    # Side by side: the same exception twice without progress (budget 3); a budget used up (a worker exits 3
+    # in every generation, after progress; budget 1); a lost host (budget 2); a SIGTERM from the platform
+    # inside a restart, before the new generation's first step (budget 2).
+    same = launch(tmp_path, "same", 2, "--fail", "raise", "--fail-step", "0", "--fail-in", "all", max_restarts="3")
+    budget = launch(tmp_path, "budget", 2, "--fail", "exit", "--fail-in", "all", max_restarts="1")
+    lost = launch(tmp_path, "lost", 2, "--steps", "20", sim_args=("--fault", "algo-2:SIGKILL:step=2"),
+                  max_restarts="2")
+    stop = launch(tmp_path, "stop", 2, "--fail", "exit", "--window-in", "1",
+                  sim_args=("--fault", "algo-1:SIGTERM:step=99"), max_restarts="2")
+    results = {name: finish(job) for name, job in (("same", same), ("budget", budget), ("lost", lost),
+                                                   ("stop", stop))}
+
+    result = results["same"]  # generation 1 failed like generation 0 and made no progress: stopped, 93
+    assert set(result.exits.values()) == {codes.NO_PROGRESS_CODE}, same.sim.stderr[-4000:]
+    assert sorted(result.records) == ["g0.r0", "g0.r1", "g1.r0", "g1.r1"]  # no third generation
+    for host, outcome in result.outcomes.items():
+        assert outcome["class"] == codes.NO_PROGRESS and outcome["exit_code"] == codes.NO_PROGRESS_CODE
+        assert outcome["root_cause"].startswith("restarting does not help: generation 1 failed with the same root "
+                                                "cause as generation 0 (RuntimeError@restart_worker.py:")
+        assert "(1 restart(s) of 3)" in outcome["root_cause"] and len(outcome["restarts"]) == 1
+        assert len(restart_lines(result, host)) == 1
+    assert len(result.outcomes) == 2
+
+    result = results["budget"]  # the last failure's code, every host; the restart named the real cause
+    assert set(result.exits.values()) == {3}, budget.sim.stderr[-4000:]
+    for outcome in result.outcomes.values():
+        assert outcome["class"] == codes.WORKER_EXIT and outcome["root_cause_host"] == "algo-2"
+        assert "exited with code 3" in outcome["root_cause"] and "(after 1 job-wide restart(s) of 1)" in \
+            outcome["root_cause"]
+        assert "Gloo" not in outcome["root_cause"] and "connectFullMesh" not in outcome["root_cause"]
+        assert [r["exit_code"] for r in outcome["restarts"]] == [3]
+    assert len(result.outcomes) == 2 and "g2.r0" not in result.records
+
+    result = results["lost"]  # never restarted: 137 on the host that is left, no restart anywhere
+    assert result.exits["algo-1"] == codes.HOST_LOST_CODE, lost.sim.stderr[-4000:]
+    assert result.outcomes["algo-1"]["class"] == codes.HOST_LOST and result.outcomes["algo-1"]["restarts"] == []
+    assert not any(k.startswith("g1") for k in result.records)
+    assert not any(restart_lines(result, host) for host in result.logs)
+
+    result = results["stop"]  # SIGTERM while generation 1 starts: the job stops, nothing restarts again
+    assert 0 not in result.exits.values(), stop.sim.stderr[-4000:]
+    assert result.outcomes["algo-1"]["class"] == codes.STOPPED
+    assert not any(k.startswith(("g1", "g2")) for k in result.records)  # generation 1 never formed its group
+    assert not any("restart 2 of" in line for lines in result.logs.values() for line in lines)
