@@ -78,7 +78,8 @@ def _own_end(p: Any, launch: Any, outcome: Outcome, hangs: Any, watch: Any, move
     by_watch = watch is not None and watch.stopped_job and outcome.stop_signal is not None
     signal_name = failure.signal_name(-cause.exitcode) if (
         cause is not None and cause.exitcode is not None and cause.exitcode < 0) else None
-    key = restart.root_key(klass, cause.exception if cause else "", cause.detail if cause else "", signal_name)
+    key = restart.root_key(klass, cause.exception if cause else "", cause.detail if cause else "", signal_name,
+                           code)
     text = failure.compose_report(c, outcome, cause, code, "", 600)
     primary = not by_watch and (outcome.stop_signal is not None or (
         cause is not None and not report.is_secondary(cause.exception, cause.rank)))

@@ -126,17 +126,18 @@ class Policy:
         return Decision(generation, why == "restart", why, self.used, cause)
 
 
-def root_key(klass: str, exception: str, detail: str, signal: Optional[str]) -> str:
+def root_key(klass: str, exception: str, detail: str, signal: Optional[str], code: int) -> str:
     """A failure's identity: ``hang``; the signal (``SIGKILL``); else the exception's type and the last
-    frame of the traceback (``ValueError@train.py:12``), the file by its base name."""
+    frame of the traceback (``ValueError@train.py:12``), the file by its base name; without a traceback
+    (``sys.exit(3)``) the exit code (``exit 3``)."""
     if klass == codes.HANG:
         return "hang"
     if signal:
         return signal
     frames = _FRAME.findall(detail or "")
-    kind = exception.split(":", 1)[0].strip() or "exit"
     if not frames:
-        return kind
+        return f"exit {code}"
+    kind = exception.split(":", 1)[0].strip() or "exit"
     path, line = frames[-1]
     return f"{kind}@{path.rsplit('/', 1)[-1]}:{line}"
 

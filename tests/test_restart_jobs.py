@@ -175,3 +175,35 @@ def test_restarting_stops_where_it_cannot_help(tmp_path: Any) -> None:
     assert result.outcomes["algo-1"]["class"] == codes.STOPPED
     assert not any(k.startswith(("g1", "g2")) for k in result.records)  # generation 1 never formed its group
     assert not any("restart 2 of" in line for lines in result.logs.values() for line in lines)
+
+
+def test_a_hang_is_restarted_once_and_the_job_finishes(tmp_path: Any) -> None:
+    # Rank 1 stops taking part at step 3 of generation 0; the others wait in the collective: no progress anywhere
+    # for the hang timeout (above a loaded machine's torch import and rendezvous, which print nothing).
+    job = launch(tmp_path, "hang", 2, "--fail", "hang", max_restarts="1", hang_timeout="15")
+    result = finish(job)
+    assert set(result.exits.values()) == {0}, job.sim.stderr[-4000:]
+    for host, outcome in result.outcomes.items():
+        [restart] = outcome["restarts"]
+        assert restart["class"] == codes.HANG and restart["exit_code"] == codes.HANG_CODE, host
+        assert outcome["recovered"] is True
+        assert len(restart_lines(result, host)) == 1
+    assert len(result.outcomes) == 2
+    assert result.checkpoint == {"step": STEPS, "sum": uninterrupted_sum(2)}
+    assert all(r["old_alive"] == [] for r in result.records.values())
+
+
+def test_three_generations_on_four_hosts_leave_no_old_process(tmp_path: Any) -> None:
+    job = launch(tmp_path, "four", 4, "--fail", "exit", "--fail-in", "0,1", "--fail-step", "2", max_restarts="2")
+    result = finish(job)
+    assert set(result.exits.values()) == {0}, job.sim.stderr[-4000:]
+    assert sorted(result.records) == [f"g{g}.r{r}" for g in range(3) for r in range(4)]
+    # every rank of generations 1 and 2 found no process of the generation before alive (by its pid)
+    assert all(r["old_alive"] == [] for r in result.records.values())
+    assert len({r["pid"] for r in result.records.values()}) == 12
+    for host, outcome in result.outcomes.items():
+        assert [r["generation"] for r in outcome["restarts"]] == [1, 2], host
+        said = [line.split("] restart ", 1)[1][:6] for line in restart_lines(result, host)]
+        assert said == ["1 of 2", "2 of 2"], host
+    assert len(result.outcomes) == 4
+    assert result.checkpoint == {"step": STEPS, "sum": uninterrupted_sum(4)}

@@ -10,9 +10,10 @@ and the running sum), written atomically after each step, and every generation r
 final sum is then the same as an uninterrupted run's. Each step all-reduces ``rank + 1`` and beats the
 launcher (``DDP_LAUNCHER_PROGRESS``) unless ``--no-beat``.
 
-``--fail MODE`` in the generations ``--fail-in`` (comma list, or ``all``), rank ``--fail-rank``, at step
-``--fail-step`` (0: before the first step): ``exit`` (exit 3), ``raise`` (RuntimeError, same line every
-time), ``kill`` (SIGKILL itself), ``hang`` (stops taking part: the others wait in the collective).
+``--fail MODE`` in the generations ``--fail-in`` (comma list, or ``all``), rank ``--fail-rank``, at the
+generation's own step ``--fail-step`` (counted from where it resumed; 0: before its first step):
+``exit`` (exit 3), ``raise`` (RuntimeError, same line every time), ``kill`` (SIGKILL itself), ``hang``
+(stops taking part: the others wait in the collective).
 
 ``--window-in GENS``: in those generations every rank prints ``restart window step=99`` before its process
 group forms and sleeps ``--window-sleep`` s (a ``simulate --fault HOST:SIGTERM:step=99`` lands inside a
@@ -114,8 +115,9 @@ def main():
             state = json.load(fh)
     if failing and args.fail_step == 0:
         fail(args.fail)
-    for step in range(state["step"] + 1, args.steps + 1):
-        if failing and step == args.fail_step:
+    resumed = state["step"]
+    for step in range(resumed + 1, args.steps + 1):
+        if failing and step - resumed == args.fail_step:
             fail(args.fail)
         tensor = torch.tensor([float(rank + 1)])
         dist.all_reduce(tensor)
