@@ -296,7 +296,7 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
             outcome, hangs, last = run_generations(p, environ, log, watchdog, watch, hangs, rendezvous_timeout)
         else:
             last = None
-            outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, 0, watch,
+            outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, watch,
                                 rendezvous_timeout, hangs, direct=outside)
         if hangs is not None:
             hangs.close()  # a hang being decided is finished first

@@ -121,7 +121,7 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
                 hangs.nccl_env = launch.environment(environ)
             steps = _steps(launch.run_dir, hangs, log, pending, failed_at)
             try:
-                outcome = supervise(launch, environ, p.grace_period, log, watchdog, 0, watch, rendezvous_timeout,
+                outcome = supervise(launch, environ, p.grace_period, log, watchdog, watch, rendezvous_timeout,
                                     hangs)
             finally:
                 failed_at = time.monotonic()

@@ -7,10 +7,8 @@
 - SIGTERM, SIGINT and SIGHUP are forwarded to the workers themselves (torchrun's children). A
   worker that saves a checkpoint and exits 0 then ends the job cleanly, because torchrun sees its
   workers succeed; had torchrun been signalled, it would report a failure whatever they did.
-- With restarts (``--max-restarts`` >= 1) torchrun would take workers ending on a stop signal as a
-  failure and start new ones. So at the first stop signal torchrun is frozen (SIGSTOP) before the
-  workers get it; their exit statuses are read from their zombies (torchrun cannot reap them). All
-  0: torchrun is resumed and sees them succeed. Anything else: its tree is killed, the stop reported.
+- torchrun never restarts workers by itself (``--max-restarts 0``): restarts are job-wide, the
+  launcher's (:mod:`launcher.generations`), and a stop signal is never restarted.
 - After the grace period the whole tree is killed. Once torchrun has exited, anything it left
   behind is killed too; the launcher is a child subreaper, so orphans come back to it, and their
   zombies are collected while the job runs.
@@ -35,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import IO, Callable, Optional, Protocol
 
 from launcher import proctree
@@ -53,7 +51,6 @@ STDERR_TAIL_LINE_BYTES = 2048
 PUMP_CHUNK = 65536
 PUMP_GATHER = 0.001  # seconds to wait after a short read
 TICK = 0.5
-STOPPING_TICK = 0.1  # while frozen torchrun's workers end
 
 
 class JobWatch(Protocol):
@@ -124,19 +121,16 @@ def _pump(source: IO[bytes], sink: Optional[IO[bytes]], tail: Optional[StderrTai
 class _StopSignals:
     """Signal handler: remembers the first stop signal and its deadline, forwards each to the workers.
 
-    With ``freeze`` (torchrun may restart workers), torchrun is stopped at the first signal and the
-    workers it had then are remembered in ``workers``. Never raises: logging cannot fail.
+    Never raises: logging cannot fail.
     """
 
-    def __init__(self, grace_period: float, log: Callable[[str], None], freeze: bool, direct: bool = False) -> None:
+    def __init__(self, grace_period: float, log: Callable[[str], None], direct: bool = False) -> None:
         self.direct = direct  # the process is the script itself: it gets the signals
         self.grace_period = grace_period
         self.log = log
-        self.freeze = freeze
         self.signal: Optional[int] = None
         self.deadline: Optional[float] = None
         self.proc: Optional[subprocess.Popen] = None
-        self.workers: Optional[list[int]] = None
         self.deadline_grace = grace_period  # the grace period the deadline was set with
         self.requested = False  # a stop the launcher decided (request): no need to wait for torchrun's shutdown
         self.lock = threading.RLock()  # the signal handler (main thread) and request (the job watch's)
@@ -181,35 +175,14 @@ class _StopSignals:
                      f"killing everything left after {self.grace_period:g} s")
         if self.proc is None or self.proc.poll() is not None:
             return
-        if self.freeze and self.workers is None:
-            self.workers = _freeze(self.proc.pid)
-        targets = [self.proc.pid] if self.direct else (
-            proctree.children_of(self.proc.pid) or ([] if self.freeze else [self.proc.pid]))
+        targets = [self.proc.pid] if self.direct else (proctree.children_of(self.proc.pid) or [self.proc.pid])
         for pid in targets:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
 
 
-def _freeze(pid: int, timeout: float = 2.0) -> list[int]:
-    """SIGSTOP torchrun, wait until it is stopped; its children then (also exited, unreaped ones)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    while proctree.state(pid) not in ("T", "t", "Z", None) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return proctree.children_of(pid, zombies=True)
-
-
-def _workers_ended(workers: Sequence[int]) -> Optional[bool]:
-    """None while a worker runs; else True if every one exited 0 (read from its zombie)."""
-    statuses = [proctree.exit_status(pid) for pid in workers]
-    if any(s is None and proctree.state(pid) is not None for s, pid in zip(statuses, workers)):
-        return None
-    return bool(workers) and all(s == 0 for s in statuses)
-
-
 def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, log: Callable[[str], None],
-              watchdog: proctree.Watchdog, max_restarts: int = 0, watch: Optional[JobWatch] = None,
+              watchdog: proctree.Watchdog, watch: Optional[JobWatch] = None,
               rendezvous_timeout: Optional[float] = None, hangs: Optional[HangHook] = None,
               direct: bool = False) -> Outcome:
     """Run the launch to its end and return how it ended. Blocks; installs signal handlers.
@@ -222,7 +195,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
     """
     os.makedirs(launch.log_dir, exist_ok=True)
     proctree.become_subreaper()
-    stop = _StopSignals(grace_period, log, freeze=max_restarts > 0 and not direct, direct=direct)
+    stop = _StopSignals(grace_period, log, direct=direct)
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     previous.update({sig: signal.signal(sig, signal.SIG_IGN) for sig in FORWARD_ONLY})  # inherited by torchrun
     if watch is not None:
@@ -277,12 +250,11 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
     Returns torchrun's return code, whether the grace period ran out, and whether no worker had
     started by ``rendezvous_by`` (torchrun then killed).
     """
-    killed = after_grace = resumed = no_rendezvous = False
+    killed = after_grace = no_rendezvous = False
     while True:
         deadline = stop.deadline
-        tick = STOPPING_TICK if stop.workers is not None and not resumed else TICK
         try:
-            timeout = tick if deadline is None else max(0.0, min(tick, deadline - time.monotonic()))
+            timeout = TICK if deadline is None else max(0.0, min(TICK, deadline - time.monotonic()))
             return proc.wait(timeout=timeout), after_grace, no_rendezvous
         except subprocess.TimeoutExpired:
             pass
@@ -301,16 +273,6 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
             proctree.kill_tree([proc.pid])
             killed = True
             continue
-        if stop.workers is not None and not resumed:
-            # Frozen, torchrun copies no worker output (--tee): what the workers print now shows late.
-            clean = _workers_ended(stop.workers)
-            if clean:
-                os.kill(proc.pid, signal.SIGCONT)  # it sees its workers succeed and exits 0
-                resumed = True
-            elif clean is False:
-                log("the workers did not all exit 0 after the stop signal: killing torchrun (no restart)")
-                proctree.kill_tree([proc.pid])
-                killed = True
         if not killed and deadline is not None and time.monotonic() >= deadline:
             log(f"grace period of {stop.deadline_grace:g} s is over: killing the job's processes")
             proctree.kill_tree([proc.pid])
