@@ -48,6 +48,7 @@ class Result(NamedTuple):
     logs: dict[str, list[str]]
     records: dict[str, Any]  # "g<gen>.r<rank>" -> the rank's record
     checkpoint: Any
+    summary: Any
 
 
 def launch(tmp_path: Any, name: str, hosts: int, *script_args: str, sim_args: tuple[str, ...] = (),
@@ -85,7 +86,7 @@ def finish(job: Job) -> Result:
             for h in summary["hosts"]}
     ckpt = os.path.join(job.out, "ckpt.json")
     return Result(code, {h["host"]: h["exit_code"] for h in summary["hosts"]}, outcomes, logs, records,
-                  read_json(ckpt) if os.path.exists(ckpt) else None)
+                  read_json(ckpt) if os.path.exists(ckpt) else None, summary)
 
 
 def restart_lines(result: Result, host: str) -> list[str]:
@@ -198,6 +199,9 @@ def test_three_generations_on_four_hosts_leave_no_old_process(tmp_path: Any) -> 
     result = finish(job)
     assert set(result.exits.values()) == {0}, job.sim.stderr[-4000:]
     assert sorted(result.records) == [f"g{g}.r{r}" for g in range(3) for r in range(4)]
+    for host in result.summary["hosts"]:  # simulate's summary shows the generations
+        assert [g["generation"] for g in host["generations"]] == [1, 2]
+        assert host["outcome"].startswith("succeeded in generation 2 (2 job-wide restart(s), logged at ")
     # every rank of generations 1 and 2 found no process of the generation before alive (by its pid)
     assert all(r["old_alive"] == [] for r in result.records.values())
     assert len({r["pid"] for r in result.records.values()}) == 12
