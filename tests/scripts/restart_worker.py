@@ -4,7 +4,7 @@ Usage: ``restart_worker.py --out DIR [--steps N] [--step-sleep T] [--fail MODE] 
 [--fail-step S] [--fail-in GENS] [--no-beat]``.
 
 The generation is ``TORCHELASTIC_RESTART_COUNT`` (the launcher sets it). Every rank writes
-``DIR/g<gen>.r<rank>.json`` when its process group is up (its pid, the generation, the time) and again
+``DIR/g<gen>.r<rank>.json`` when its process group is up (its pid, the generation, its start and the time) and again
 after each step (``steps``, ``first_step_at``). Rank 0 keeps a checkpoint ``DIR/ckpt.json`` (the step
 and the running sum), written atomically after each step, and every generation resumes from it; the
 final sum is then the same as an uninterrupted run's. Each step all-reduces ``rank + 1`` and beats the
@@ -13,7 +13,8 @@ launcher (``DDP_LAUNCHER_PROGRESS``) unless ``--no-beat``.
 ``--fail MODE`` in the generations ``--fail-in`` (comma list, or ``all``), rank ``--fail-rank``, at the
 generation's own step ``--fail-step`` (counted from where it resumed; 0: before its first step):
 ``exit`` (exit 3), ``raise`` (RuntimeError, same line every time), ``kill`` (SIGKILL itself), ``hang``
-(stops taking part: the others wait in the collective).
+(stops taking part: the others wait in the collective). The failing rank first writes ``DIR/fault.json``
+(when it failed).
 
 ``--window-in GENS``: in those generations every rank prints ``restart window step=99`` before its process
 group forms and sleeps ``--window-sleep`` s (a ``simulate --fault HOST:SIGTERM:step=99`` lands inside a
@@ -21,16 +22,19 @@ restart, before the new generation's first step). Each rank records ``old_alive`
 generation before (their records) that still exist when its own process group is up.
 """
 
-import argparse
-import json
-import os
-import signal
-import socket
-import sys
 import time
 
-import torch
-import torch.distributed as dist
+STARTED = time.time()  # the script's own start: before torch is imported
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 
 def save(path, facts):
@@ -70,7 +74,8 @@ def old_alive(out, gen):
     return alive
 
 
-def fail(mode):
+def fail(mode, out):
+    save(os.path.join(out, "fault.json"), {"at": time.time(), "mode": mode})
     if mode == "exit":
         sys.exit(3)
     if mode == "raise":
@@ -105,7 +110,7 @@ def main():
     dist.init_process_group("gloo")
     dist.barrier()
     mine = os.path.join(args.out, f"g{gen}.r{rank}.json")
-    facts = {"rank": rank, "generation": gen, "pid": os.getpid(), "met_at": time.time(), "steps": 0,
+    facts = {"rank": rank, "generation": gen, "pid": os.getpid(), "started": STARTED, "met_at": time.time(), "steps": 0,
              "master_port": os.environ.get("MASTER_PORT"), "old_alive": old_alive(args.out, gen)}
     save(mine, facts)
     ckpt = os.path.join(args.out, "ckpt.json")
@@ -114,11 +119,11 @@ def main():
         with open(ckpt) as fh:
             state = json.load(fh)
     if failing and args.fail_step == 0:
-        fail(args.fail)
+        fail(args.fail, args.out)
     resumed = state["step"]
     for step in range(resumed + 1, args.steps + 1):
         if failing and step - resumed == args.fail_step:
-            fail(args.fail)
+            fail(args.fail, args.out)
         tensor = torch.tensor([float(rank + 1)])
         dist.all_reduce(tensor)
         state = {"step": step, "sum": state["sum"] + tensor.item()}
