@@ -96,8 +96,9 @@ def simulate(tmp: str, name: str, hosts: int, out: str, cap: float, script_args:
     argv = [PYTHON, "-m", "launcher", "simulate", "--hosts", str(hosts), "--nproc-per-node", "1", "--network",
             "netns", "--platform-stop", "off", "--workdir", os.path.join(tmp, name), "--job-name", name,
             "--deadline", str(cap), "--", SCRIPT, "--out", out, "--steps", str(STEPS), *script_args]
-    return subprocess.run(argv, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          timeout=cap + 60).returncode
+    with open(os.path.join(os.environ.get("BENCH_KEEP", tmp), f"{name}.log"), "w") as log:
+        return subprocess.run(argv, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=cap + 60).returncode
 
 
 def launcher(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
@@ -108,7 +109,7 @@ def launcher(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optiona
 
 
 def relaunch(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
-    first, second = os.path.join(tmp, "first"), os.path.join(tmp, "second")
+    first, second = os.path.join(tmp, "first-out"), os.path.join(tmp, "second-out")
     os.mkdir(first)
     os.mkdir(second)
     simulate(tmp, "first", hosts, first, cap, FAULT)  # fails on every host: the platform's retry starts now

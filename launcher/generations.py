@@ -122,7 +122,7 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
             steps = _steps(launch.run_dir, hangs, log, pending, failed_at)
             try:
                 outcome = supervise(launch, environ, p.grace_period, log, watchdog, watch, rendezvous_timeout,
-                                    hangs)
+                                    hangs, quick_end=True)
             finally:
                 failed_at = time.monotonic()
                 steps.close()

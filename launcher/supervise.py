@@ -184,14 +184,16 @@ class _StopSignals:
 def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, log: Callable[[str], None],
               watchdog: proctree.Watchdog, watch: Optional[JobWatch] = None,
               rendezvous_timeout: Optional[float] = None, hangs: Optional[HangHook] = None,
-              direct: bool = False) -> Outcome:
+              direct: bool = False, quick_end: bool = False) -> Outcome:
     """Run the launch to its end and return how it ended. Blocks; installs signal handlers.
 
     ``watchdog`` (forked before this is called) is told to guard torchrun's tree. ``watch`` (the job
     watch, :mod:`launcher.jobwatch`) gets the stop hook while torchrun runs. If no worker has started
     ``rendezvous_timeout`` seconds after torchrun (a master port held by another program leaves
     torchrun's store client waiting for ever), torchrun is killed and the outcome says so. ``hangs``
-    (hang detection) sees every output chunk and gets the stop hook and torchrun's pid.
+    (hang detection) sees every output chunk and gets the stop hook and torchrun's pid. ``quick_end``
+    (restarts: every second counts): once torchrun has printed its failure table and has no worker left,
+    it is killed instead of waited for through its interpreter's teardown (seconds on a loaded host).
     """
     os.makedirs(launch.log_dir, exist_ok=True)
     proctree.become_subreaper()
@@ -223,7 +225,8 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         for pump in pumps:
             pump.start()
         rendezvous_by = None if rendezvous_timeout is None else time.monotonic() + rendezvous_timeout
-        returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by)
+        reported = functools.partial(failure_reported, tail) if quick_end and not direct else None
+        returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by, reported)
         trimmer.stop()
         leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
         if leftovers:
@@ -242,8 +245,18 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
                    stderr_tail=tail.lines(), no_rendezvous=no_rendezvous)
 
 
+def failure_reported(tail: StderrTail) -> bool:
+    """True once torchrun's stderr holds the end of its failure table (``Root Cause ...`` then a ``===`` rule):
+    all it does after that is its interpreter's teardown."""
+    lines = tail.lines()
+    last = max((i for i, line in enumerate(lines) if line.startswith("Root Cause (first observed failure)")),
+               default=None)
+    return last is not None and any(line.startswith("=====") for line in lines[last + 1:])
+
+
 def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None],
-          watchdog: proctree.Watchdog, rendezvous_by: Optional[float] = None) -> tuple[int, bool, bool]:
+          watchdog: proctree.Watchdog, rendezvous_by: Optional[float] = None,
+          reported: Optional[Callable[[], bool]] = None) -> tuple[int, bool, bool]:
     """Wait for torchrun; reap orphans (the living ones go to the watchdog), settle a frozen torchrun,
     enforce the grace period and the rendezvous deadline.
 
@@ -268,6 +281,11 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
                 proctree.kill_tree([proc.pid])
                 killed = no_rendezvous = True
                 continue
+        if reported is not None and stop.signal is None and reported() and not proctree.children_of(proc.pid):
+            log("torchrun reported its workers' failure: killing it (its teardown would only delay the restart)")
+            proctree.kill_tree([proc.pid])
+            killed = True
+            continue
         if stop.requested and not stop.direct and not proctree.children_of(proc.pid):
             log("the workers have ended: killing torchrun (its own shutdown would only delay the end)")
             proctree.kill_tree([proc.pid])
