@@ -18,6 +18,7 @@ Exit codes, by class (launcher/codes.py; the outcome file names the class, see -
   128+N  worker_signal  the root-cause worker died of signal N (137: SIGKILL, e.g. the OOM killer)
   137    host_lost      another host went silent or vanished (several nodes: the job watch)
   124    hang           no rank made progress for the hang timeout
+  93     no_progress    --max-restarts: a restart did not help (the same failure again, no progress)
   75     rendezvous     the hosts never completed the rendezvous
   128+N  stopped        the launcher got signal N and the workers did not finish cleanly
   2      bad_input      bad files, variables or options; nothing was started
