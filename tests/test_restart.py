@@ -168,3 +168,18 @@ def test_restart_on_refuses_a_class_that_is_never_restarted(value: str) -> None:
 def test_restart_on_default_and_list() -> None:
     assert parse_invocation(["x.py"], {}).options.restart_on == DEFAULT_RESTART_ON
     assert parse_invocation(["x.py"], {"LAUNCHER_RESTART_ON": "hang"}).options.restart_on == ("hang",)
+
+
+def test_torchrun_counts_as_done_once_its_failure_table_is_printed() -> None:
+    from launcher.supervise import StderrTail, failure_reported
+
+    tail = StderrTail()
+    table = ["[W] warning", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 60,
+             "bootstrap.py FAILED", "-" * 60, "Failures:", "  <NO_OTHER_FAILURES>", "-" * 60,
+             "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 0)"]
+    tail.feed("\n".join(table).encode())
+    assert not failure_reported(tail)  # the table's root cause is still being written
+    tail.feed(b"\n  exitcode  : 3 (pid: 12)\n" + b"=" * 60 + b"\n")
+    assert failure_reported(tail)
+    tail.feed(b"Root Cause (first observed failure):\n")  # a second table begins: wait for its end too
+    assert not failure_reported(tail)
