@@ -42,6 +42,8 @@ names every module and only modules that exist):
 - ``hangwatch``: no progress anywhere for the hang timeout: every rank's stacks, the culprit named.
 - ``hang``: reading stack dumps: each rank's innermost user frame, the odd one out, the sentence.
 - ``stacks``: a hung host's stacks taken in bounded time: each worker's dump read from its own stderr file.
+- ``restart``: job-wide restarts in place: a generation's end, node 0's rules (budget, classes, no progress).
+- ``generations``: this host's generations of a restarted job: supervise, tell node 0, start the next one.
 - ``outcome``: how torchrun ended, as the supervisor hands it on.
 - ``codes``: the classes of a run's outcome and their exit codes.
 - ``failure``: torchrun's evidence: the root cause, the code the worker asked for, the report's text and file.

@@ -8,6 +8,8 @@ plain script (it imports nothing from the launcher and only the standard library
   directory is no longer on the path), ``__loader__`` a source loader; so multiprocessing ``spawn`` and
   ``forkserver`` children, pickling classes defined in the script, sibling imports, atexit handlers and
   ``if __name__ == "__main__"`` behave as under ``python script.py``;
+- sets ``TORCHELASTIC_RESTART_COUNT`` to the launcher's job-wide restart count (``DDP_LAUNCHER_GENERATION``),
+  which torchrun, started with ``--max-restarts 0`` for every generation, would give as 0;
 - when the script ends, before interpreter teardown, writes the code it asked for (``SystemExit``'s
   code, 1 for an uncaught exception, 0 for a normal end) to ``$DDP_LAUNCHER_EXIT_DIR/<pid>.json``
   with how far its stderr had got and when the worker started, then lets teardown run (atexit handlers, thread joins).
@@ -25,6 +27,7 @@ import sys
 import time
 
 EXIT_DIR_VARIABLE = "DDP_LAUNCHER_EXIT_DIR"
+GENERATION_VARIABLE = "DDP_LAUNCHER_GENERATION"  # the launcher's job-wide restart count (launcher/restart.py)
 STARTED = time.time()  # the worker's start: the rendezvous was complete
 
 
@@ -89,6 +92,8 @@ def run(argv):
         _record(1)
         raise SystemExit(1) from None
     sys.argv = list(argv)
+    if os.environ.get(GENERATION_VARIABLE, "").isdigit():  # torchrun (--max-restarts 0) would say 0
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = os.environ[GENERATION_VARIABLE]
     sys.path[0] = os.path.dirname(os.path.realpath(path))
     module = _main_module(path)
     try:

@@ -19,6 +19,7 @@ Exit codes, by class (launcher/codes.py; the outcome file names the class, see -
   128+N  worker_signal  the root-cause worker died of signal N (137: SIGKILL, e.g. the OOM killer)
   137    host_lost      another host went silent or vanished (several nodes: the job watch)
   124    hang           no rank made progress for the hang timeout
+  93     no_progress    --max-restarts: a restart did not help (the same failure again, no progress)
   75     rendezvous     the hosts never completed the rendezvous
   128+N  stopped        the launcher got signal N and the workers did not finish cleanly
   2      bad_input      bad files, variables or options; nothing was started
@@ -143,6 +144,11 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     if groups.watch_place(cluster)[1] > 1 and not options.no_job_watch:  # the watch's settings, checked first
         watch_ports(cluster, options, "0")
         watch_secret(options, environ)
+    if options.max_restarts and not options.hang_timeout:  # progress beats tell a restart whether it helped
+        from launcher.progress import BEAT_ENV, BEAT_SOCKET
+
+        if BEAT_ENV not in environ:
+            launch = launch._replace(env_changes={**launch.env_changes, BEAT_ENV: os.path.join(run_dir, BEAT_SOCKET)})
     if options.hang_timeout and (cluster.nnodes == 1 or not options.no_job_watch):
         from launcher.hangwatch import worker_env
         from launcher.platforms.devices import count_gpus
@@ -292,12 +298,20 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
         rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 and not outside else None
         clock = clock._replace(torchrun=time.time())
-        outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, options.max_restarts, watch,
-                            rendezvous_timeout, hangs, direct=outside)
+        if _restarts_on(p, watch):
+            from launcher.generations import run_generations
+
+            outcome, hangs, last = run_generations(p, environ, log, watchdog, watch, hangs, rendezvous_timeout)
+        else:
+            last = None
+            outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, watch,
+                                rendezvous_timeout, hangs, direct=outside)
         if hangs is not None:
             hangs.close()  # a hang being decided is finished first
         clock = clock._replace(first_worker=failure.first_worker_start(p.launch.exit_dir))
         verdict, text = report.judge(c, options, p.choice.platform, p.launch, outcome, watch, hangs, outside)
+        if last is not None:
+            verdict, text = last.verdict(verdict, text, p.choice.platform.report_limit or report.DEFAULT_LIMIT, log)
         if outside and verdict.code == 0 and watch is not None and watch.training_ended:
             log("the training world has ended and this host's script with it")
         elif verdict.code == 0 and outcome.stop_signal is not None:
@@ -313,6 +327,20 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
         shutil.rmtree(p.launch.run_dir, ignore_errors=True)
         watchdog.release()
         proctree.reap_children()
+
+
+def _restarts_on(p: Plan, watch: object) -> bool:
+    """Job-wide restarts (``--max-restarts`` >= 1) for this host; said when they cannot be (logged)."""
+    options, c = p.invocation.options, p.cluster
+    if not options.max_restarts or groups.outside(c):
+        return False
+    if groups.training_nodes(c) is not None:
+        log("restarts off: only some hosts of this job train (a restart needs every host)")
+        return False
+    if c.nnodes > 1 and watch is None:
+        log("restarts off: with several hosts they need the job watch (node 0 decides for every host)")
+        return False
+    return True
 
 
 def outcome_path(options: Optional[Options], platform: Optional[platforms.Platform],

@@ -13,6 +13,8 @@ class              exit code                       meaning
 ``worker_signal``  128 + the signal                a worker was killed by a signal (OOM killer: 137)
 ``host_lost``      137                             another host went away (power, network, preemption)
 ``hang``           124                             no rank made progress for the hang timeout
+``no_progress``    93                              restarting did not help: a restarted generation failed
+                                                   again with the same root cause and made no progress
 ``rendezvous``     75 (EX_TEMPFAIL)                the hosts never completed the rendezvous
 ``stopped``        128 + the stop signal           the platform or the user stopped the job
 ``bad_input``      2                               bad files, variables or options; nothing started
@@ -27,6 +29,7 @@ WORKER_EXIT = "worker_exit"
 WORKER_SIGNAL = "worker_signal"
 HOST_LOST = "host_lost"
 HANG = "hang"
+NO_PROGRESS = "no_progress"
 RENDEZVOUS = "rendezvous"
 STOPPED = "stopped"
 BAD_INPUT = "bad_input"
@@ -34,6 +37,7 @@ INTERNAL = "internal"
 
 HOST_LOST_CODE = 137  # what platforms' retry policies already read as "the machine went away"
 HANG_CODE = 124  # coreutils timeout(1)'s "timed out"
+NO_PROGRESS_CODE = 93  # as NVIDIA ft_launcher's "do not requeue": a retry would fail the same way
 RENDEZVOUS_CODE = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, worth a retry
 BAD_INPUT_CODE = 2  # as argparse
 INTERNAL_CODE = 70  # sysexits.h EX_SOFTWARE

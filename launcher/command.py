@@ -30,6 +30,7 @@ EXIT_DIR_VARIABLE = "DDP_LAUNCHER_EXIT_DIR"  # as launcher/bootstrap.py reads it
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
 INHERITED_PREFIXES = ("PET_", "TORCHELASTIC_")
 WATCH_BASE, WATCH_SPAN, WATCH_STRIDE, WATCH_CANDIDATES = 61000, 4500, 1129, 4  # the job watch's ports
+GENERATION_VARIABLE = "DDP_LAUNCHER_GENERATION"  # the restart count, as launcher/bootstrap.py reads it
 SECRET_VARIABLE = "LAUNCHER_JOB_SECRET"  # the job watch's shared secret (see watch_secret)
 
 
@@ -98,6 +99,28 @@ def _setdefault(changes: dict[str, str], environ: Mapping[str, str], name: str, 
 def master_port(cluster: Cluster, options: Options) -> int:
     """The rendezvous port: the option, else the platform's, else torchrun's default."""
     return options.master_port or cluster.master_port or DEFAULT_MASTER_PORT
+
+
+def generation_port(cluster: Cluster, options: Options, fixed: bool, generation: int) -> int:
+    """The rendezvous port of a generation (0: the first start, N: the Nth restart).
+
+    A port the user or the platform fixed (``--master-port``; ``fixed``: the platform publishes it, e.g.
+    Kubeflow's ``MASTER_PORT`` behind a Service) is reused: every host confirmed its old torchrun gone,
+    so the old store is closed, before any host starts the next generation. Otherwise each generation
+    takes the next port (wrapping inside 1024-65535), so that nothing of an old store can be met.
+    """
+    port = master_port(cluster, options)
+    if fixed or options.master_port is not None or generation == 0:
+        return port
+    return 1024 + (port - 1024 + generation) % (65536 - 1024)
+
+
+def for_generation(launch: Launch, port: int, generation: int) -> Launch:
+    """``launch`` for a generation: its rendezvous port, and the generation in the workers' environment."""
+    argv = list(launch.argv)
+    if "--master-port" in argv:
+        argv[argv.index("--master-port") + 1] = str(port)
+    return launch._replace(argv=tuple(argv), env_changes={**launch.env_changes, GENERATION_VARIABLE: str(generation)})
 
 
 def job_identity(job_name: str, master: str, port: int, nnodes: int) -> str:
@@ -172,7 +195,7 @@ def build_launch(cluster: Cluster, options: Options, script: str, script_args: S
             argv += ["--local-addr", address_of(cluster.local_addr, options.resolve)]
     else:
         argv += ["--standalone"]
-    argv += ["--max-restarts", str(options.max_restarts),
+    argv += ["--max-restarts", "0",  # restarts are job-wide, the launcher's (launcher/restart.py)
              "--log-dir", log_dir,
              "--tee", "3",
              "--log-line-prefix-template", LOG_PREFIX_TEMPLATE,

@@ -27,6 +27,11 @@ Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` byt
   collective whose peer went away, a broken rendezvous);
 - ``done`` {node, host}: that host's workers all succeeded (it may leave);
 - ``lost`` {node, host, why}: the hub lost that host (also sent to the lost host, best effort);
+- ``gen_end`` {gen, node, host, code, klass, key, head, primary, progress, stopped}: with restarts
+  (:mod:`launcher.restart`), this host's torchrun of generation ``gen`` has ended, all its workers gone;
+- ``gen_stop`` {gen, report}: the hub's order to stop the workers of generation ``gen`` (a host failed);
+- ``gen`` {generation, restart, why, used, cause}: node 0's decision at the end of a generation, the same
+  for every host: restart (every host starts generation + 1) or end the job;
 - ``end``: in a job where only some hosts train (:mod:`launcher.groups`), every training host is
   done: the others stop their script with SIGTERM and their configured grace period, which is no failure.
 - ``hang`` {phase, ...}: hang detection's own messages (:mod:`launcher.hangwatch`, attached as the
@@ -81,7 +86,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Protocol, Union
 
-from launcher import codes
+from launcher import codes, restart
 from launcher.command import address_of, job_identity, master_port, watch_ports
 from launcher.groups import training_nodes, watch_place
 
@@ -193,6 +198,13 @@ class Watch:
         self.selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self.extension: Optional[Extension] = None  # hang detection's messages (launcher/hangwatch.py)
         self._outbox: list[dict] = []
+        # Restarts (launcher/restart.py): the generation this host runs, what node 0 decided at the end of
+        # each, the latest generation whose workers were ordered to stop, and this host's end of the current one.
+        self.generation = 0
+        self.decisions: dict[int, dict] = {}
+        self.stop_gen = -1
+        self.my_end: Optional[dict] = None
+        self.policy: Optional[Callable[[int, list[dict], bool], dict]] = None  # node 0's rules (launcher/restart.py)
         self.thread = threading.Thread(target=self._loop, name="job-watch", daemon=True)
 
     # -- the main thread's side --
@@ -214,6 +226,10 @@ class Watch:
             pending = bool(self.events) and request is not None
         if pending:
             self._stop()
+        if request is not None and self.stop_gen == self.generation and not pending:
+            self.stopped_job = True
+            request(REMOTE_GRACE, f"job watch: generation {self.generation} failed on another host: stopping the "
+                                  "workers here")
         if request is not None and self.training_ended:
             request(float("inf"), "job watch: the training world has ended: SIGTERM to the script")
 
@@ -241,6 +257,43 @@ class Watch:
             while not self.events and self.connected() and time.monotonic() < deadline:
                 self.cond.wait(max(0.0, min(0.1, deadline - time.monotonic())))
         return self.cause()
+
+    def end_generation(self, end: dict, timeout: float) -> Optional[dict]:
+        """Tell node 0 how this host's generation ended (``end``: :meth:`launcher.restart.End.message`) and
+        wait (at most ``timeout``) for its decision, the same on every host; None when a loss or a final
+        failure came first, or no decision in time. A restart moves this watch to the next generation."""
+        with self.cond:
+            gen = self.generation
+            self.my_end = {"t": "gen_end", "gen": gen, **end}
+        self.wake()
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while gen not in self.decisions and not self.events and time.monotonic() < deadline:
+                self.cond.wait(max(0.0, min(0.1, deadline - time.monotonic())))
+            return self.decisions.get(gen)
+
+    def _gen_stop(self, gen: int, head: str) -> None:
+        """Generation ``gen`` failed somewhere: stop this host's workers of it (now, or when they start)."""
+        with self.cond:
+            if gen <= self.stop_gen or gen < self.generation:
+                return
+            self.stop_gen = gen
+            request = self._request if gen == self.generation else None
+        if request is not None:
+            self.stopped_job = True
+            request(REMOTE_GRACE, f"job watch: {head.splitlines()[0] if head else 'another host failed'}: stopping "
+                                  f"the workers of generation {gen} here (grace period at most {REMOTE_GRACE:g} s)")
+
+    def _decided(self, message: dict) -> None:
+        """Node 0's decision at the end of a generation: remembered; a restart moves on to the next one."""
+        gen = int(message["generation"])
+        with self.cond:
+            if gen in self.decisions or gen != self.generation:
+                return
+            self.decisions[gen] = message
+            if message.get("restart"):
+                self.generation, self.my_end = gen + 1, None
+            self.cond.notify_all()
 
     def connected(self) -> bool:
         """True while a handshaken peer is connected."""
@@ -549,6 +602,7 @@ class Hub(Watch):
         self.told = False
         self.end_sent = False  # ``end`` was broadcast: every training node is done
         self.max_pending = MAX_PENDING + self.nnodes
+        self.gen_ends: dict[int, dict[int, dict]] = {}  # restarts: every node's end of each generation
 
     @property
     def states(self) -> dict[int, str]:
@@ -636,6 +690,13 @@ class Hub(Watch):
             self._send(conn, own)
         if self.end_sent and node not in (self.training or ()):
             self._send(conn, {"t": "end"})
+        with self.cond:
+            latest = self.decisions.get(max(self.decisions)) if self.decisions else None
+            stop_gen = self.stop_gen
+        if latest is not None:  # a reconnection: what it may have missed of the restarts
+            self._send(conn, {"t": "gen", **latest})
+        if stop_gen >= 0:
+            self._send(conn, {"t": "gen_stop", "gen": stop_gen, "report": ""})
 
     def _on_message(self, conn: _Conn, message: dict) -> None:
         if conn.node is None:
@@ -653,11 +714,40 @@ class Hub(Watch):
             self._record(event)
         elif kind == "done" and known.state == "running":
             conn.ended, known.state = True, "done"
+        elif kind == "gen_end" and known.state == "running":
+            self._generation_end(conn.node, message)
         elif self.extension is not None:
             self.extension.on_message(conn.node, known.host, message)
 
     def _post(self, message: dict) -> None:
         self._broadcast(message)
+
+    def _generation_end(self, node: int, message: dict) -> None:
+        """A node's generation ended: a failure stops the generation everywhere; the last end decides."""
+        gen = int(message["gen"])
+        ends = self.gen_ends.setdefault(gen, {})
+        if node in ends:
+            return
+        ends[node] = restart.end_of({**message, "node": node}).message()  # raises on a malformed one
+        if int(message["code"]) != 0 and gen >= self.generation:
+            self._broadcast({"t": "gen_stop", "gen": gen, "report": _text(message.get("head", ""))}, skip=node)
+            self._gen_stop(gen, _text(message.get("head", "")))
+        self._decide()
+
+    def _decide(self) -> None:
+        """Once every node's end of the current generation is in (or a host is lost): node 0's decision."""
+        with self.cond:
+            gen, policy, events = self.generation, self.policy, list(self.events)
+            known = gen in self.decisions
+        if known or policy is None:
+            return
+        ends = self.gen_ends.get(gen, {})
+        lost = any(e.kind == "lost" for e in events)
+        if not lost and len(ends) < self.nnodes:
+            return
+        decision = {"t": "gen", **policy(gen, [ends[n] for n in sorted(ends)], lost)}
+        self._broadcast(decision)
+        self._decided(decision)
 
     def _heard(self, node: int, known: _Node) -> None:
         now = time.monotonic()
@@ -712,6 +802,11 @@ class Hub(Watch):
 
     def _tick(self, now: float) -> None:
         with self.cond:
+            end = self.my_end
+        if end is not None and 0 not in self.gen_ends.get(int(end["gen"]), {}):
+            self._generation_end(0, end)
+        self._decide()
+        with self.cond:
             own, send = self.own, self.own is not None and not self.told
             self.told = self.told or send
         if send and own is not None:
@@ -752,6 +847,7 @@ class Client(Watch):
         self.final: Optional[dict] = None
         self.left = False
         self.began = time.monotonic()
+        self.end_sent: Optional[dict] = None  # this host's gen_end last sent to the hub
 
     def connected(self) -> bool:
         """True while the hub is connected (handshaken)."""
@@ -835,6 +931,10 @@ class Client(Watch):
             self.log(f"job watch: connected to the hub on {conn.host} ({self.address}:{conn.port})")
         else:
             self.log(f"job watch: reconnected to the hub on {conn.host}")
+        with self.cond:
+            end = self.my_end
+        if end is not None:  # sent again: the old connection may have lost it
+            self._send(conn, end)
 
     def _on_message(self, conn: _Conn, message: dict) -> None:
         if conn.node is None:
@@ -850,6 +950,10 @@ class Client(Watch):
                 self._record(event)
         elif kind == "done":
             self.ended = True
+        elif kind == "gen_stop":
+            self._gen_stop(int(message["gen"]), _text(message["report"]))
+        elif kind == "gen":
+            self._decided(message)
         elif kind == "end" and self.node not in (self.training or ()):
             self._training_over()
         elif kind == "replaced":  # a newer connection of this node took over (or someone claims to be it)
@@ -911,6 +1015,11 @@ class Client(Watch):
                      f"for {self.timeout:g} s); trying a new connection")
 
     def _tick(self, now: float) -> None:
+        with self.cond:
+            end = self.my_end
+        if end is not None and end is not self.end_sent and self.hub is not None:
+            self.end_sent = end
+            self._send(self.hub, end)
         self._say_final()
         if self.attempt is not None or self.ended or self.events or now < self.next_try:
             return

@@ -38,6 +38,10 @@ MAX_SECONDS = 86400  # a day: the longest grace period or rendezvous timeout tha
 MAX_RESTARTS = 100
 # Gloo's own collective timeout: a job in which a rank waits that long in a collective fails anyway.
 DEFAULT_HANG_TIMEOUT = 1800
+# The failure classes a restart may help (launcher/codes.py; out_of_memory: a worker the OOM killer ended),
+# and those restarted by default. A lost host, a stop signal, bad input and the launcher's error never are.
+RESTARTABLE = ("worker_exit", "worker_signal", "out_of_memory", "hang", "rendezvous")
+DEFAULT_RESTART_ON = ("worker_exit", "worker_signal", "out_of_memory", "hang")
 MIN_LOSS_TIMEOUT = 1.5  # heartbeats come every second (every third of the timeout below 3 s)
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
@@ -124,6 +128,14 @@ def parse_names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value)
 
 
+def parse_classes(text: str) -> tuple[str, ...]:
+    """``--restart-on``: names of :data:`RESTARTABLE` classes (:func:`parse_names`); ValueError otherwise."""
+    names = parse_names(text)
+    if any(name not in RESTARTABLE for name in names):
+        raise ValueError(text)
+    return names
+
+
 class Spec(NamedTuple):
     """One launcher option: its name, how its text becomes a value, and what it means."""
 
@@ -172,7 +184,12 @@ SPECS: tuple[Spec, ...] = (
     Spec("rdzv_timeout", _whole_number(1, MAX_SECONDS), 900, f"whole seconds 1-{MAX_SECONDS}",
          "how long hosts wait for each other at the start", metavar="SECONDS"),
     Spec("max_restarts", _whole_number(0, MAX_RESTARTS), 0, f"a whole number 0-{MAX_RESTARTS}",
-         "torchrun restarts of the workers", metavar="N"),
+         "job-wide restarts in place: a failure on any host restarts every host's workers from their "
+         "checkpoint, N times in all (docs/recovery.md); 0: a failure ends the job", metavar="N"),
+    Spec("restart_on", parse_classes, DEFAULT_RESTART_ON, f"class names of {','.join(RESTARTABLE)}",
+         "with --max-restarts: the failure classes that are restarted (of "
+         f"{', '.join(RESTARTABLE)}); a lost host, a stop signal, bad input and the launcher's own "
+         "error never are", metavar="CLASS,..."),
     Spec("grace_period", _seconds, None, f"seconds > 0, at most {MAX_SECONDS}",
          "after a stop signal, how long workers may take before the whole tree is killed; default "
          "the platform's, inside its own kill window (see the platforms)",
@@ -216,6 +233,7 @@ class Options(NamedTuple):
     instance_groups: Optional[tuple]
     rdzv_timeout: int
     max_restarts: int
+    restart_on: tuple
     grace_period: Optional[float]
     watch_port: Optional[int]
     loss_timeout: float

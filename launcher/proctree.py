@@ -80,24 +80,15 @@ def descendants(roots: Iterable[int], parents: Optional[dict[int, int]] = None) 
     return found
 
 
-def children_of(pid: int, zombies: bool = False) -> list[int]:
-    """The direct children of ``pid``: the living ones, and the exited unreaped ones if asked."""
-    return [child for child, (parent, state) in _process_table().items()
-            if parent == pid and (zombies or state != b"Z")]
+def children_of(pid: int) -> list[int]:
+    """The living direct children of ``pid``."""
+    return [child for child, (parent, state) in _process_table().items() if parent == pid and state != b"Z"]
 
 
 def state(pid: int) -> Optional[str]:
     """The process's state letter (``R``, ``S``, ``T`` stopped, ``Z`` zombie...); None if it is gone."""
     fields = _stat(pid)
     return fields[0][:1].decode() if fields else None
-
-
-def exit_status(pid: int) -> Optional[int]:
-    """A zombie's wait status (``/proc/PID/stat`` field 52: 0 = exited 0); None while it runs or if gone."""
-    fields = _stat(pid)
-    if not fields or fields[0] != b"Z" or len(fields) < 50:
-        return None
-    return int(fields[49])
 
 
 def start_time(pid: int) -> Optional[int]:

@@ -39,6 +39,7 @@ class Progress:
         self.lock = threading.Lock()
         self.heard: dict[int, float] = {}
         self.beats = 0
+        self.first_beat: Optional[float] = None  # when the first beat came (monotonic): a first step
         self.captured: Optional[bytearray] = None
 
     def feed(self, chunk: bytes, stderr: bool = False) -> None:
@@ -57,6 +58,8 @@ class Progress:
         with self.lock:
             self.heard[rank] = time.monotonic()
             self.beats += 1
+            if self.first_beat is None:
+                self.first_beat = self.heard[rank]
 
     def last(self) -> dict[int, float]:
         """A copy of rank -> when last heard (monotonic)."""

@@ -51,6 +51,7 @@ class Verdict(NamedTuple):
     root_cause: str = ""  # the report's first line ("" on success)
     exception: str = ""
     root_cause_host: Optional[str] = None  # the job's root-cause host (this one, or another)
+    restarts: tuple = ()  # the job-wide restarts, oldest first (launcher/restart.py's record)
 
 
 def classify(outcome: Outcome, cause: Any, code: int) -> str:
@@ -72,6 +73,7 @@ def code_of(klass: str, code: int) -> int:
     """The exit code of a class: the fixed code of a class that has one, else ``code`` (the worker's)."""
     return {codes.RENDEZVOUS: codes.RENDEZVOUS_CODE, codes.HOST_LOST: codes.HOST_LOST_CODE,
             codes.HANG: codes.HANG_CODE, codes.BAD_INPUT: codes.BAD_INPUT_CODE,
+            codes.NO_PROGRESS: codes.NO_PROGRESS_CODE,
             codes.INTERNAL: codes.INTERNAL_CODE}.get(klass, code)
 
 
@@ -117,6 +119,8 @@ def outcome_data(verdict: Verdict, clock: Clock, host: Optional[str], node_rank:
         "durations": {"start": _rounded(clock.torchrun, clock.started),
                       "rendezvous": _rounded(clock.first_worker, clock.torchrun),
                       "total": round(max(0.0, ended - clock.started), 3)},
+        "restarts": list(verdict.restarts),
+        "recovered": verdict.klass == codes.SUCCESS and bool(verdict.restarts),
         "launcher_version": __version__,
     }
 

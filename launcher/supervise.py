@@ -7,10 +7,8 @@
 - SIGTERM, SIGINT and SIGHUP are forwarded to the workers themselves (torchrun's children). A
   worker that saves a checkpoint and exits 0 then ends the job cleanly, because torchrun sees its
   workers succeed; had torchrun been signalled, it would report a failure whatever they did.
-- With restarts (``--max-restarts`` >= 1) torchrun would take workers ending on a stop signal as a
-  failure and start new ones. So at the first stop signal torchrun is frozen (SIGSTOP) before the
-  workers get it; their exit statuses are read from their zombies (torchrun cannot reap them). All
-  0: torchrun is resumed and sees them succeed. Anything else: its tree is killed, the stop reported.
+- torchrun never restarts workers by itself (``--max-restarts 0``): restarts are job-wide, the
+  launcher's (:mod:`launcher.generations`), and a stop signal is never restarted.
 - After the grace period the whole tree is killed. Once torchrun has exited, anything it left
   behind is killed too; the launcher is a child subreaper, so orphans come back to it, and their
   zombies are collected while the job runs.
@@ -35,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import IO, Callable, Optional, Protocol
 
 from launcher import proctree
@@ -57,7 +55,6 @@ PUMP_GATHER = 0.001  # seconds to wait after a short read
 # so that the report stays stderr's last lines.
 PUMP_DRAIN = 30.0
 TICK = 0.5
-STOPPING_TICK = 0.1  # while frozen torchrun's workers end
 
 
 class JobWatch(Protocol):
@@ -163,19 +160,16 @@ def _pump(source: IO[bytes], sink: Optional[IO[bytes]], tail: Optional[StderrTai
 class _StopSignals:
     """Signal handler: remembers the first stop signal and its deadline, forwards each to the workers.
 
-    With ``freeze`` (torchrun may restart workers), torchrun is stopped at the first signal and the
-    workers it had then are remembered in ``workers``. Never raises: logging cannot fail.
+    Never raises: logging cannot fail.
     """
 
-    def __init__(self, grace_period: float, log: Callable[[str], None], freeze: bool, direct: bool = False) -> None:
+    def __init__(self, grace_period: float, log: Callable[[str], None], direct: bool = False) -> None:
         self.direct = direct  # the process is the script itself: it gets the signals
         self.grace_period = grace_period
         self.log = log
-        self.freeze = freeze
         self.signal: Optional[int] = None
         self.deadline: Optional[float] = None
         self.proc: Optional[subprocess.Popen] = None
-        self.workers: Optional[list[int]] = None
         self.deadline_grace = grace_period  # the grace period the deadline was set with
         self.requested = False  # a stop the launcher decided (request): no need to wait for torchrun's shutdown
         self.lock = threading.RLock()  # the signal handler (main thread) and request (the job watch's)
@@ -220,48 +214,29 @@ class _StopSignals:
                      f"killing everything left after {self.grace_period:g} s")
         if self.proc is None or self.proc.poll() is not None:
             return
-        if self.freeze and self.workers is None:
-            self.workers = _freeze(self.proc.pid)
-        targets = [self.proc.pid] if self.direct else (
-            proctree.children_of(self.proc.pid) or ([] if self.freeze else [self.proc.pid]))
+        targets = [self.proc.pid] if self.direct else (proctree.children_of(self.proc.pid) or [self.proc.pid])
         for pid in targets:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
 
 
-def _freeze(pid: int, timeout: float = 2.0) -> list[int]:
-    """SIGSTOP torchrun, wait until it is stopped; its children then (also exited, unreaped ones)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    while proctree.state(pid) not in ("T", "t", "Z", None) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return proctree.children_of(pid, zombies=True)
-
-
-def _workers_ended(workers: Sequence[int]) -> Optional[bool]:
-    """None while a worker runs; else True if every one exited 0 (read from its zombie)."""
-    statuses = [proctree.exit_status(pid) for pid in workers]
-    if any(s is None and proctree.state(pid) is not None for s, pid in zip(statuses, workers)):
-        return None
-    return bool(workers) and all(s == 0 for s in statuses)
-
-
 def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, log: Callable[[str], None],
-              watchdog: proctree.Watchdog, max_restarts: int = 0, watch: Optional[JobWatch] = None,
+              watchdog: proctree.Watchdog, watch: Optional[JobWatch] = None,
               rendezvous_timeout: Optional[float] = None, hangs: Optional[HangHook] = None,
-              direct: bool = False) -> Outcome:
+              direct: bool = False, quick_end: bool = False) -> Outcome:
     """Run the launch to its end and return how it ended. Blocks; installs signal handlers.
 
     ``watchdog`` (forked before this is called) is told to guard torchrun's tree. ``watch`` (the job
     watch, :mod:`launcher.jobwatch`) gets the stop hook while torchrun runs. If no worker has started
     ``rendezvous_timeout`` seconds after torchrun (a master port held by another program leaves
     torchrun's store client waiting for ever), torchrun is killed and the outcome says so. ``hangs``
-    (hang detection) sees every output chunk and gets the stop hook and torchrun's pid.
+    (hang detection) sees every output chunk and gets the stop hook and torchrun's pid. ``quick_end``
+    (restarts: every second counts): once torchrun has printed its failure table and has no worker left,
+    it is killed instead of waited for through its interpreter's teardown (seconds on a loaded host).
     """
     os.makedirs(launch.log_dir, exist_ok=True)
     proctree.become_subreaper()
-    stop = _StopSignals(grace_period, log, freeze=max_restarts > 0 and not direct, direct=direct)
+    stop = _StopSignals(grace_period, log, direct=direct)
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     previous.update({sig: signal.signal(sig, signal.SIG_IGN) for sig in FORWARD_ONLY})  # inherited by torchrun
     if watch is not None:
@@ -290,7 +265,8 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         for pump in pumps:
             pump.start()
         rendezvous_by = None if rendezvous_timeout is None else time.monotonic() + rendezvous_timeout
-        returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by)
+        reported = functools.partial(failure_reported, tail) if quick_end and not direct else None
+        returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by, reported)
         trimmer.stop()
         leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
         if leftovers:
@@ -314,20 +290,29 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
                    stderr_tail=tail.lines(), no_rendezvous=no_rendezvous)
 
 
+def failure_reported(tail: StderrTail) -> bool:
+    """True once torchrun's stderr holds the end of its failure table (``Root Cause ...`` then a ``===`` rule):
+    all it does after that is its interpreter's teardown."""
+    lines = tail.lines()
+    last = max((i for i, line in enumerate(lines) if line.startswith("Root Cause (first observed failure)")),
+               default=None)
+    return last is not None and any(line.startswith("=====") for line in lines[last + 1:])
+
+
 def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None],
-          watchdog: proctree.Watchdog, rendezvous_by: Optional[float] = None) -> tuple[int, bool, bool]:
+          watchdog: proctree.Watchdog, rendezvous_by: Optional[float] = None,
+          reported: Optional[Callable[[], bool]] = None) -> tuple[int, bool, bool]:
     """Wait for torchrun; reap orphans (the living ones go to the watchdog), settle a frozen torchrun,
     enforce the grace period and the rendezvous deadline.
 
     Returns torchrun's return code, whether the grace period ran out, and whether no worker had
     started by ``rendezvous_by`` (torchrun then killed).
     """
-    killed = after_grace = resumed = no_rendezvous = False
+    killed = after_grace = no_rendezvous = False
     while True:
         deadline = stop.deadline
-        tick = STOPPING_TICK if stop.workers is not None and not resumed else TICK
         try:
-            timeout = tick if deadline is None else max(0.0, min(tick, deadline - time.monotonic()))
+            timeout = TICK if deadline is None else max(0.0, min(TICK, deadline - time.monotonic()))
             return proc.wait(timeout=timeout), after_grace, no_rendezvous
         except subprocess.TimeoutExpired:
             pass
@@ -341,21 +326,16 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
                 proctree.kill_tree([proc.pid])
                 killed = no_rendezvous = True
                 continue
+        if reported is not None and stop.signal is None and reported() and not proctree.children_of(proc.pid):
+            log("torchrun reported its workers' failure: killing it (its teardown would only delay the restart)")
+            proctree.kill_tree([proc.pid])
+            killed = True
+            continue
         if stop.requested and not stop.direct and not proctree.children_of(proc.pid):
             log("the workers have ended: killing torchrun (its own shutdown would only delay the end)")
             proctree.kill_tree([proc.pid])
             killed = True
             continue
-        if stop.workers is not None and not resumed:
-            # Frozen, torchrun copies no worker output (--tee): what the workers print now shows late.
-            clean = _workers_ended(stop.workers)
-            if clean:
-                os.kill(proc.pid, signal.SIGCONT)  # it sees its workers succeed and exits 0
-                resumed = True
-            elif clean is False:
-                log("the workers did not all exit 0 after the stop signal: killing torchrun (no restart)")
-                proctree.kill_tree([proc.pid])
-                killed = True
         if not killed and deadline is not None and time.monotonic() >= deadline:
             log(f"grace period of {stop.deadline_grace:g} s is over: killing the job's processes")
             proctree.kill_tree([proc.pid])

@@ -224,7 +224,7 @@ def test_launcher_prefixed_hyperparameters_are_the_launchers(spec):
             "grace_period": 30.5, "resolve": {"algo-1": "127.0.0.1"}, "dry_run": True, "json": True,
             "watch_port": 2346, "loss_timeout": 5.0, "job_secret_file": "/run/secret", "no_job_watch": True,
             "hang_timeout": 600.0, "outcome_file": "/opt/ml/output/data/run.json",
-            "instance_groups": ("train", "data")}[spec.name]
+            "instance_groups": ("train", "data"), "restart_on": ("hang", "worker_exit")}[spec.name]
     text = ",".join(f"{k}={v}" for k, v in good.items()) if isinstance(good, dict) else good
     for key in ("launcher-" + spec.name.replace("_", "-"), "launcher_" + spec.name):
         argv = mapping.to_cmd_args({key: text, "train-script": "train.py", "epochs": 3})

@@ -23,7 +23,7 @@ from launcher.options import parse_invocation
 EXAMPLES = os.path.join(REPO, "examples")
 # The infrastructure classes' codes: host_lost, rendezvous, and stopped by the platform's SIGTERM.
 RETRIED = {codes.HOST_LOST_CODE, codes.RENDEZVOUS_CODE, 128 + signal.SIGTERM}
-NEVER = {codes.BAD_INPUT_CODE, codes.INTERNAL_CODE, codes.HANG_CODE, 1}
+NEVER = {codes.BAD_INPUT_CODE, codes.INTERNAL_CODE, codes.HANG_CODE, codes.NO_PROGRESS_CODE, 1}
 
 
 def load(name):
@@ -40,6 +40,7 @@ def test_skypilot_recovers_on_the_infrastructure_codes_only():
     recovery = load("skypilot-retry.yaml")["resources"]["job_recovery"]
     assert set(recovery["recover_on_exit_codes"]) == RETRIED and not NEVER & set(recovery["recover_on_exit_codes"])
     assert recovery["max_restarts_on_errors"] >= 1
+    assert "--max-restarts 2" in load("skypilot-retry.yaml")["run"]  # in place first, new machines after
 
 
 def test_the_jobset_fails_at_once_on_any_other_code(tmp_path):
@@ -59,7 +60,9 @@ def test_the_jobset_fails_at_once_on_any_other_code(tmp_path):
         env = {**plain, "NODE_RANK": str(index)}
         words = shlex.split(container["command"][2].rsplit("exec ", 1)[1])  # bash -c "pip install ... && exec ..."
         assert words[:2] == ["python", "/opt/ddp/ddp-launcher.pyz"]
-        ranks.append(resolve_cluster(env, parse_invocation(words[2:], {}).options).node_rank)
+        options = parse_invocation(words[2:], {}).options
+        assert options.max_restarts >= 1  # in place first (docs/recovery.md)
+        ranks.append(resolve_cluster(env, options).node_rank)
     assert ranks == [0, 1]
 
 
@@ -88,6 +91,7 @@ report.write_outcome(path, report.outcome_data(verdict, report.Clock(time.time()
     ("worker_exit:7 worker_exit:7", 0, False, 7),
     ("worker_signal:137 worker_signal:137", 0, False, 137),  # the OOM killer: 137, not retried
     ("success:0 success:0", 0, False, 0),
+    ("no_progress:93 no_progress:93", 0, False, 93),  # restarting in place did not help: never requeued
     ("rendezvous:75 rendezvous:75", 3, False, 75),  # the requeues are used up
 ])
 def test_the_slurm_script_requeues_infrastructure_failures_only(tmp_path, classes, restarts, requeued, code):

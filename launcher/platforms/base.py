@@ -74,6 +74,7 @@ class Platform:
     #: The default ``--grace-period``: the platform kills the job this long after its stop signal,
     #: so the launcher's own deadline sits a few seconds inside that window.
     grace_period: float = 25.0
+    fixed_port: bool = False  # the platform publishes the rendezvous port (a restart reuses it: launcher/restart.py)
     #: How much of the failure report the platform shows (characters); 0: the report goes to stderr only.
     report_limit: int = 0
     #: For ``--help``: how the launcher's options are written in the platform's own argv form ("": none).

@@ -37,6 +37,7 @@ class TorchrunEnvironment(Platform):
     """Hosts that export MASTER_ADDR, MASTER_PORT, NNODES and NODE_RANK (or torchrun's PET_* names)."""
 
     name = "env"
+    fixed_port = True  # MASTER_PORT: whoever set the variables chose it (a firewall may allow only it)
     reads = ("MASTER_ADDR, MASTER_PORT, NNODES (or WORLD_SIZE of nodes), NODE_RANK, NPROC_PER_NODE, "
              "or torchrun's PET_* names for them")
 

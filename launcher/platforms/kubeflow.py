@@ -66,6 +66,7 @@ def _port(environ: Mapping[str, str], names: tuple[str, ...]) -> Optional[int]:
 
 class _Kubeflow(Platform):
     grace_period = 25.0  # terminationGracePeriodSeconds: SIGKILL 30 s after SIGTERM by default
+    fixed_port = True  # MASTER_PORT: the port the master's Service exposes
     report_limit = 4096  # the kubelet keeps the first 4096 bytes of the termination message
     termination_log = TERMINATION_LOG
 

@@ -35,6 +35,7 @@ class VertexAI(Platform):
     """Google Vertex AI custom training (worker pool 0 = the primary, pool 1 = the workers)."""
 
     name = "vertex"
+    fixed_port = True  # CLUSTER_SPEC's port: the one the worker pools are given
     reads = "CLUSTER_SPEC (JSON): workerpool0 = node 0 and the master (host:port), workerpool1 = nodes 1.."
 
     def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:

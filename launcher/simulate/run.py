@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 BACKSTOP_SECONDS = 5.0  # after the grace period: simulate kills a launcher that is still running
 TICK = 0.05
 REAP_EVERY = 10  # ticks between collecting the zombies of orphans re-parented to simulate
+RESTART_LINE = re.compile(rb"\[ddp-launcher\] restart \d+ of \d+ \(job-wide\): generation (\d+) starts")
 MARKER = "DDP_LAUNCHER_SIMULATION"  # in every host's environment, so in everything the hosts start
 
 
@@ -66,6 +67,7 @@ class HostRun:
     stopped_by: Optional[str] = None  # why simulate sent it a stop signal
     stop_sent: Optional[float] = None
     killed: Optional[str] = None  # why simulate killed its process tree
+    generations: list[tuple[int, float]] = field(default_factory=list)  # (generation, when) of each restart
 
     @property
     def exit_code(self) -> Optional[int]:
@@ -137,6 +139,9 @@ class Simulation:
     @staticmethod
     def _step_watcher(run: HostRun) -> Callable[[bytes], None]:
         def watch(line: bytes) -> None:
+            restarted = RESTART_LINE.search(line) if b"(job-wide)" in line else None
+            if restarted:  # the launcher's one line per restart (launcher/generations.py)
+                run.generations.append((int(restarted.group(1)), time.monotonic()))
             for armed in run.faults:
                 if armed.pattern is not None and not armed.due.is_set() and armed.pattern.search(line):
                     armed.due.set()

@@ -47,6 +47,9 @@ def outcome_text(run: HostRun, start: float, user_signal: Optional[int]) -> str:
             f"stopped: {signal.Signals(user_signal).name} from the user"
     else:
         text = "succeeded" if run.exit_code == 0 else "failed"
+    if run.generations:
+        text += (f" in generation {run.generations[-1][0]} ({len(run.generations)} job-wide restart(s), logged "
+                 f"at {', '.join(f'{when - start:.1f}' for _, when in run.generations)} s)")
     for transient in run.transients():
         text += (f"; {transient.fault.kind} by --fault at {transient.fired_at - start:.1f} s for "
                  f"{transient.fault.seconds:g} s ({transient.fault.meaning()})")
@@ -66,6 +69,7 @@ def host_report(run: HostRun, start: float, user_signal: Optional[int]) -> dict[
                                   "ended": None if t.ended_at is None else round(t.ended_at - start, 3)}
                                  for t in run.transients()],
             "failure": _first_line(run.spec.failure_file),
+            "generations": [{"generation": g, "at": round(when - start, 3)} for g, when in run.generations],
             "model_dir": model_dir, "model_files": _model_files(model_dir)}
 
 

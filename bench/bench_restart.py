@@ -1,0 +1,185 @@
+"""Benchmark: how long a failure costs, side by side: the launcher's job-wide restart in place, plain torchrun's
+``--max-restarts``, and a whole new launch of the job (every host started again, as a platform retry does).
+
+N hosts (2 and 4), each its own network namespace on a private bridge, one rank each, running
+tests/scripts/restart_worker.py: rank 1 exits 3 at step 3 of the first generation and trains normally in any
+later one; every rank resumes from rank 0's checkpoint (written after every step). Measured, per round:
+
+- **restart**: seconds from the fault (the failing rank's own clock, written just before it exits) until every
+  rank of the new generation took a step (each rank's record);
+- **own start**: the script's own start and checkpoint load in the new generation: from the slowest rank's
+  process start (before torch is imported) to its first step; the goal is restart < 10 s + own start.
+
+Contenders:
+
+- ``launcher``: ``simulate --hosts N --nproc-per-node 1 --platform-stop off`` with ``LAUNCHER_MAX_RESTARTS=1``;
+- ``torchrun``: plain ``python -m torch.distributed.run`` static rendezvous (``--node-rank``, rank 0 on
+  algo-1) with ``--max-restarts 3`` on every host, in the same kind of lab. Its count is per host and only
+  the failed host restarts first (pytorch#146371): ``never`` when no generation after the fault had every
+  rank take a step within the cap;
+- ``relaunch``: the launcher without restarts (the job fails on every host), then the whole job started again
+  at once (a second ``simulate``) from the same checkpoint; a platform would first provision the instances
+  and pull the image again (minutes on SageMaker, not counted here).
+
+Usage: ``.venv/bin/python bench/bench_restart.py [--rounds 2] [--hosts 2,4] [--cap 120] [--only launcher,...]``.
+Needs network namespaces (root or unprivileged user namespaces); only the lab's private addresses are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchlib import clean_env  # noqa: E402  (bench/ is the script's directory)
+
+from launcher.simulate import netns  # noqa: E402  (after the path is set)
+
+PYTHON = sys.executable
+SCRIPT = os.path.join(REPO, "tests", "scripts", "restart_worker.py")
+PORT = 29500  # inside the lab's private namespaces: no clash with anything on the machine
+STEPS = 8
+FAULT = ["--fail", "exit", "--fail-rank", "1", "--fail-step", "3", "--fail-in", "0"]
+CONTENDERS = ("launcher", "torchrun", "relaunch")
+
+
+def read(path: str) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def records(out: str) -> list[dict]:
+    """Every rank's record of every generation."""
+    found = []
+    for path in glob.glob(os.path.join(out, "g*.r*.json")):
+        with contextlib.suppress(OSError, ValueError):  # being replaced right now: its next version counts
+            found.append(read(path))
+    return found
+
+
+def measure(outs: Sequence[str], world: int) -> tuple[Optional[float], Optional[float]]:
+    """(restart, own start) from the records: every rank's first step after the fault, in any generation
+    that started after it; None when some rank never took one."""
+    try:
+        fault = read(os.path.join(outs[0], "fault.json"))["at"]
+    except OSError:
+        return None, None
+    firsts: dict[int, dict] = {}
+    for out in outs:
+        for rec in records(out):
+            if rec["started"] > fault and rec.get("first_step_at") is not None:
+                best = firsts.get(rec["rank"])
+                if best is None or rec["first_step_at"] < best["first_step_at"]:
+                    firsts[rec["rank"]] = rec
+    if len(firsts) < world:
+        return None, None
+    return (max(r["first_step_at"] for r in firsts.values()) - fault,
+            max(r["first_step_at"] - r["started"] for r in firsts.values()))
+
+
+def simulate(tmp: str, name: str, hosts: int, out: str, cap: float, script_args: Sequence[str],
+             **options: str) -> int:
+    env = clean_env(**{f"LAUNCHER_{k.upper()}": v for k, v in options.items()})
+    argv = [PYTHON, "-m", "launcher", "simulate", "--hosts", str(hosts), "--nproc-per-node", "1", "--network",
+            "netns", "--platform-stop", "off", "--workdir", os.path.join(tmp, name), "--job-name", name,
+            "--deadline", str(cap), "--", SCRIPT, "--out", out, "--steps", str(STEPS), *script_args]
+    with open(os.path.join(os.environ.get("BENCH_KEEP", tmp), f"{name}.log"), "w") as log:
+        return subprocess.run(argv, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=cap + 60).returncode
+
+
+def launcher(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
+    out = os.path.join(tmp, "out")
+    os.mkdir(out)
+    simulate(tmp, "restart", hosts, out, cap, FAULT, max_restarts="1")
+    return measure([out], hosts)
+
+
+def relaunch(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
+    first, second = os.path.join(tmp, "first-out"), os.path.join(tmp, "second-out")
+    os.mkdir(first)
+    os.mkdir(second)
+    simulate(tmp, "first", hosts, first, cap, FAULT)  # fails on every host: the platform's retry starts now
+    shutil.copy(os.path.join(first, "ckpt.json"), os.path.join(second, "ckpt.json"))
+    simulate(tmp, "second", hosts, second, cap, [])
+    return measure([first, second], hosts)
+
+
+def torchrun(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
+    out = os.path.join(tmp, "out")
+    os.mkdir(out)
+    with netns.Lab(tmp) as lab:
+        for i in range(hosts):
+            lab.add_host(f"algo-{i + 1}", netns.host_address(i))
+        procs = []
+        for i in range(hosts):
+            argv = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(hosts), "--nproc-per-node", "1",
+                    "--node-rank", str(i), "--master-addr", "algo-1", "--master-port", str(PORT),
+                    "--max-restarts", "3", SCRIPT, "--out", out, "--steps", str(STEPS), *FAULT]
+            procs.append(subprocess.Popen(lab.command(f"algo-{i + 1}", argv), cwd=tmp, env=clean_env(),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + cap
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            if measure([out], hosts)[0] is not None:
+                break
+            time.sleep(0.2)
+        result = measure([out], hosts)
+        lab.close()  # kills whatever still runs in the hosts
+        for proc in procs:
+            proc.wait()
+    return result
+
+
+def cell(values: Sequence[Optional[float]]) -> str:
+    done = [v for v in values if v is not None]
+    if not done:
+        return "never"
+    text = f"{statistics.median(done):.1f} s" + (f" ({min(done):.1f}-{max(done):.1f})" if len(done) > 1 else "")
+    return text + (f", {len(values) - len(done)} of {len(values)} never" if len(done) < len(values) else "")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--hosts", default="2,4")
+    parser.add_argument("--cap", type=float, default=120.0)
+    parser.add_argument("--only", default=",".join(CONTENDERS))
+    args = parser.parse_args(argv)
+    why = netns.unavailable()
+    if why:
+        print(f"network namespaces unavailable: {why}", file=sys.stderr)
+        return 2
+    runners = {"launcher": launcher, "torchrun": torchrun, "relaunch": relaunch}
+    chosen = [c for c in args.only.split(",") if c]
+    rows = []
+    for hosts in (int(h) for h in args.hosts.split(",")):
+        results: dict[str, list[tuple[Optional[float], Optional[float]]]] = {c: [] for c in chosen}
+        for _ in range(args.rounds):
+            for name in chosen:  # side by side: each round runs every contender once, in turn
+                with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
+                    results[name].append(runners[name](tmp, hosts, args.cap))
+                print(f"{hosts} hosts, {name}: {results[name][-1]}", file=sys.stderr, flush=True)
+        for name in chosen:
+            rows.append(f"| {hosts} | {name} | {cell([r[0] for r in results[name]])} | "
+                        f"{cell([r[1] for r in results[name]])} |")
+    print("| hosts | contender | fault -> every rank's first step after it | own start + checkpoint load |")
+    print("|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

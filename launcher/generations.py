@@ -1,0 +1,167 @@
+"""The generations of a restarted job on this host: supervise, tell node 0, start the next one.
+
+Each generation is one :func:`launcher.supervise.supervise` of a fresh torchrun (``--max-restarts 0``)
+with the generation in the workers' environment (``TORCHELASTIC_RESTART_COUNT``, set by
+:mod:`launcher.bootstrap`) and its rendezvous port (:func:`launcher.command.generation_port`). When it
+ends, every worker of it is gone (supervise kills what is left), and only then this host tells node 0
+how it ended (:meth:`launcher.jobwatch.Watch.end_generation`): so no host starts generation N+1 before
+every host's generation N is gone, and the old store on the master is closed before a new one opens.
+Node 0 decides for every host (:class:`launcher.restart.Policy`); one node decides for itself.
+
+A stop signal between two generations (while node 0 decides) ends the job: it is never restarted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
+from launcher import codes, failure, report, restart
+from launcher.command import for_generation, generation_port
+from launcher.jobwatch import report_head
+from launcher.outcome import Outcome
+from launcher.progress import BeatSocket, Progress
+from launcher.supervise import STOP_SIGNALS, supervise
+
+DECISION_MARGIN = 30.0  # seconds past the loss timeout and the grace period that node 0's decision may take
+
+
+class History:
+    """The restarts so far and the last decision: what the final verdict and the outcome file say."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.records: list[dict[str, Any]] = []
+        self.last: Optional[restart.Decision] = None
+
+    def verdict(self, verdict: report.Verdict, text: str, limit: int,
+                log: Callable[[str], None]) -> tuple[report.Verdict, str]:
+        """The final verdict and report with the restarts: ``no_progress`` (93) when restarting did not
+        help; the count of restarts on the report's first line; the restarts in the outcome."""
+        count = len(self.records)
+        last = self.last
+        if last is not None and last.why == "no_progress":
+            head = f"{last.sentence(self.budget)} ({count} restart(s) of {self.budget})"
+            text = f"{head}\n{text}"[:limit]
+            verdict = verdict._replace(klass=codes.NO_PROGRESS, code=codes.NO_PROGRESS_CODE,
+                                       root_cause=head, root_cause_host=last.cause.host if last.cause else None)
+        elif text and count:
+            first, _, rest = text.partition("\n")
+            first = f"{first} (after {count} job-wide restart(s) of {self.budget})"
+            text = f"{first}\n{rest}"[:limit] if rest else first[:limit]
+            verdict = verdict._replace(root_cause=first)
+        if verdict.code == 0 and count:
+            log(f"the job recovered: it finished after {count} job-wide restart(s) of {self.budget}")
+        return verdict._replace(restarts=tuple(self.records)), text
+
+
+def _own_end(p: Any, launch: Any, outcome: Outcome, hangs: Any, watch: Any, moved: bool) -> restart.End:
+    """How this host's generation ended, as node 0 needs it."""
+    c = p.cluster
+    node, host = c.node_rank, c.current_host
+    if hangs is not None and hangs.verdict:
+        from launcher.hangwatch import report as hang_report
+
+        return restart.End(node, host, codes.HANG_CODE, codes.HANG, "hang", report_head(hang_report(hangs, 600)),
+                           True, moved)
+    cause = failure.find_root_cause(outcome, launch)
+    found = failure.exit_code(outcome, cause)
+    klass = report.classify(outcome, cause, found)
+    code = report.code_of(klass, found)
+    if code == 0:
+        return restart.End(node, host, 0, codes.SUCCESS, "", "", True, moved)
+    by_watch = watch is not None and watch.stopped_job and outcome.stop_signal is not None
+    signal_name = failure.signal_name(-cause.exitcode) if (
+        cause is not None and cause.exitcode is not None and cause.exitcode < 0) else None
+    key = restart.root_key(klass, cause.exception if cause else "", cause.detail if cause else "", signal_name,
+                           code)
+    text = failure.compose_report(c, outcome, cause, code, "", 600)
+    primary = not by_watch and (outcome.stop_signal is not None or (
+        cause is not None and not report.is_secondary(cause.exception, cause.rank)))
+    return restart.End(node, host, code, klass, key, report_head(text), primary, moved,
+                       stopped=outcome.stop_signal is not None and not by_watch)
+
+
+def _fresh(launch: Any) -> None:
+    """Forget the last generation's evidence: its error file, worker exit records and logs."""
+    with contextlib.suppress(OSError):
+        os.unlink(launch.error_file)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(launch.exit_dir):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(launch.exit_dir, name))
+    shutil.rmtree(launch.log_dir, ignore_errors=True)
+
+
+def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], None], watchdog: Any, watch: Any,
+                    hangs: Any, rendezvous_timeout: Optional[float]) -> tuple[Outcome, Any, History]:
+    """Run generation after generation until node 0 decides the job ends; returns the last generation's
+    outcome (with the stop signal, when one came between two generations), its hang watch and the history."""
+    options, c = p.invocation.options, p.cluster
+    policy = restart.Policy(options.max_restarts, options.restart_on)
+    if watch is not None:
+        watch.policy = lambda gen, ends, lost: policy.decide(gen, [restart.end_of(e) for e in ends], lost).message()
+    history = History(options.max_restarts)
+    signals: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: signals.append(signum)) for sig in STOP_SIGNALS}
+    generation, pending, failed_at = 0, "", None
+    try:
+        while True:
+            launch = for_generation(p.launch, generation_port(c, options, p.choice.platform.fixed_port, generation),
+                                    generation)
+            if hangs is not None and generation > 0:
+                from launcher import hangwatch
+
+                hangs = hangwatch.for_cluster(c, options.hang_timeout, launch.run_dir, log, watch)
+                hangs.nccl_env = launch.environment(environ)
+            steps = _steps(launch.run_dir, hangs, log, pending, failed_at)
+            try:
+                outcome = supervise(launch, environ, p.grace_period, log, watchdog, watch, rendezvous_timeout,
+                                    hangs, quick_end=True)
+            finally:
+                failed_at = time.monotonic()
+                steps.close()
+            if history.records and steps.to_first_step is not None:
+                history.records[-1]["seconds_to_first_step"] = steps.to_first_step
+            if hangs is not None:
+                hangs.close()
+            end = _own_end(p, launch, outcome, hangs, watch, steps.moved())
+            if signals and outcome.stop_signal is None:
+                return outcome._replace(stop_signal=signals[0]), hangs, history
+            if watch is None:
+                decision: Optional[restart.Decision] = policy.decide(generation, [end])
+            else:
+                message = watch.end_generation(end.message(), options.loss_timeout + p.grace_period + DECISION_MARGIN)
+                decision = None if message is None else restart.decision_of(message)
+            history.last = decision
+            if decision is None or not decision.restart:
+                return outcome, hangs, history
+            if signals:  # a stop signal while node 0 decided: this host stops; the others hear it
+                return outcome._replace(stop_signal=signals[0]), hangs, history
+            history.records.append(restart.record(decision, None))
+            pending = restart.restart_line(decision, options.max_restarts)
+            if watch is not None:
+                watch.stopped_job = False
+            _fresh(launch)
+            generation += 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _steps(run_dir: str, hangs: Any, log: Callable[[str], None], pending: str,
+           failed_at: Optional[float]) -> restart.Steps:
+    """This generation's progress: hang detection's beats, else a beat socket of its own."""
+    if hangs is not None:
+        return restart.Steps(hangs.progress, None, log, pending, failed_at)
+    beats = None
+    try:
+        beats = BeatSocket(run_dir)
+    except OSError as exc:
+        log(f"progress beats off: {exc}; a repeated failure counts as one without progress")
+    return restart.Steps(Progress(), beats, log, pending, failed_at)

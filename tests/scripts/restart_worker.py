@@ -1,0 +1,144 @@
+"""A short gloo DDP job that fails on purpose in chosen generations, for the restart tests and the benchmark.
+
+Usage: ``restart_worker.py --out DIR [--steps N] [--step-sleep T] [--fail MODE] [--fail-rank R]
+[--fail-step S] [--fail-in GENS] [--no-beat]``.
+
+The generation is ``TORCHELASTIC_RESTART_COUNT`` (the launcher sets it). Every rank writes
+``DIR/g<gen>.r<rank>.json`` when its process group is up (its pid, the generation, its start and the time) and again
+after each step (``steps``, ``first_step_at``). Rank 0 keeps a checkpoint ``DIR/ckpt.json`` (the step
+and the running sum), written atomically after each step, and every generation resumes from it; the
+final sum is then the same as an uninterrupted run's. Each step all-reduces ``rank + 1`` and beats the
+launcher (``DDP_LAUNCHER_PROGRESS``) unless ``--no-beat``.
+
+``--fail MODE`` in the generations ``--fail-in`` (comma list, or ``all``), rank ``--fail-rank``, at the
+generation's own step ``--fail-step`` (counted from where it resumed; 0: before its first step):
+``exit`` (exit 3), ``raise`` (RuntimeError, same line every time), ``kill`` (SIGKILL itself), ``hang``
+(stops taking part: the others wait in the collective). The failing rank first writes ``DIR/fault.json``
+(when it failed).
+
+``--window-in GENS``: in those generations every rank prints ``restart window step=99`` before its process
+group forms and sleeps ``--window-sleep`` s (a ``simulate --fault HOST:SIGTERM:step=99`` lands inside a
+restart, before the new generation's first step). Each rank records ``old_alive``: the pids of the
+generation before (their records) that still exist when its own process group is up.
+"""
+
+import time
+
+STARTED = time.time()  # the script's own start: before torch is imported
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def save(path, facts):
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(facts, fh)
+    os.replace(tmp, path)
+
+
+def beat(rank):
+    path = os.environ.get("DDP_LAUNCHER_PROGRESS")
+    if not path:
+        return
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.sendto(str(rank).encode(), path)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def old_alive(out, gen):
+    """The pids of generation ``gen - 1`` (from their records) that exist now."""
+    alive = []
+    for name in sorted(os.listdir(out)):
+        if name.startswith(f"g{gen - 1}.r") and name.endswith(".json"):
+            with open(os.path.join(out, name)) as fh:
+                pid = json.load(fh)["pid"]
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    state = fh.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":  # a zombie has ended: only its exit status is left
+                alive.append(pid)
+    return alive
+
+
+def fail(mode, out):
+    save(os.path.join(out, "fault.json"), {"at": time.time(), "mode": mode})
+    if mode == "exit":
+        sys.exit(3)
+    if mode == "raise":
+        raise RuntimeError("the same bug every time")  # at:raise
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "hang":
+        while True:
+            time.sleep(1)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--step-sleep", type=float, default=0.3)
+    parser.add_argument("--fail", default="none", choices=["none", "exit", "raise", "kill", "hang"])
+    parser.add_argument("--fail-rank", type=int, default=1)
+    parser.add_argument("--fail-step", type=int, default=3)
+    parser.add_argument("--fail-in", default="0")
+    parser.add_argument("--no-beat", action="store_true")
+    parser.add_argument("--window-in", default="")
+    parser.add_argument("--window-sleep", type=float, default=60.0)
+    args = parser.parse_args()
+    gen = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank = int(os.environ["RANK"])
+    failing = args.fail != "none" and rank == args.fail_rank and (
+        args.fail_in == "all" or str(gen) in args.fail_in.split(","))
+    if str(gen) in args.window_in.split(","):
+        print(f"generation {gen} rank {rank}: restart window step=99", flush=True)
+        time.sleep(args.window_sleep)
+    dist.init_process_group("gloo")
+    dist.barrier()
+    mine = os.path.join(args.out, f"g{gen}.r{rank}.json")
+    facts = {"rank": rank, "generation": gen, "pid": os.getpid(), "started": STARTED, "met_at": time.time(), "steps": 0,
+             "master_port": os.environ.get("MASTER_PORT"), "old_alive": old_alive(args.out, gen)}
+    save(mine, facts)
+    ckpt = os.path.join(args.out, "ckpt.json")
+    state = {"step": 0, "sum": 0.0}
+    if os.path.exists(ckpt):
+        with open(ckpt) as fh:
+            state = json.load(fh)
+    if failing and args.fail_step == 0:
+        fail(args.fail, args.out)
+    resumed = state["step"]
+    for step in range(resumed + 1, args.steps + 1):
+        if failing and step - resumed == args.fail_step:
+            fail(args.fail, args.out)
+        tensor = torch.tensor([float(rank + 1)])
+        dist.all_reduce(tensor)
+        state = {"step": step, "sum": state["sum"] + tensor.item()}
+        if rank == 0:
+            save(ckpt, state)
+        dist.barrier()  # the checkpoint of this step is complete before any rank goes on
+        if not args.no_beat:
+            beat(rank)
+        facts.update(steps=facts["steps"] + 1, sum=state["sum"])
+        facts.setdefault("first_step_at", time.time())
+        save(mine, facts)
+        print(f"generation {gen} rank {rank} step {step} sum {state['sum']:g}", flush=True)
+        time.sleep(args.step_sleep)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Job-wide restarts in place (``--max-restarts``, launcher/restart.py): real gloo jobs on namespaced hosts.
+
+tests/scripts/restart_worker.py fails on purpose in chosen generations (it reads the generation from
+``TORCHELASTIC_RESTART_COUNT``), keeps a checkpoint and resumes from it, and records each rank's pid per
+generation and the pids of the generation before that still exist when its process group is up. Several
+independent jobs run side by side (each its own namespaces) to keep the suite's time down. Each test proves
+nothing is left: every process of every job gone, nothing in the work directories, the machine's network as before.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Any, NamedTuple
+
+import pytest
+from conftest import REPO, assert_gone, launcher_env
+from test_simulate import Simulate, processes_inside, read_json
+from test_simulate_netns import machine  # noqa: F401  (a fixture used below)
+
+from launcher import codes
+from launcher.simulate import netns
+
+WHY_NOT = netns.unavailable()
+pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}"),
+              pytest.mark.usefixtures("machine"), pytest.mark.job, pytest.mark.lab]
+
+SCRIPT = os.path.join(REPO, "tests", "scripts", "restart_worker.py")
+STEPS = 6
+
+
+class Job(NamedTuple):
+    """One simulated job of a test: its process, where it runs, how many hosts."""
+
+    sim: Simulate
+    workdir: str
+    out: str
+    hosts: int
+
+
+class Result(NamedTuple):
+    """How a job ended: simulate's code, each host's exit code, outcome file and log lines, the records."""
+
+    code: int
+    exits: dict[str, int]
+    outcomes: dict[str, Any]
+    logs: dict[str, list[str]]
+    records: dict[str, Any]  # "g<gen>.r<rank>" -> the rank's record
+    checkpoint: Any
+    summary: Any
+
+
+def launch(tmp_path: Any, name: str, hosts: int, *script_args: str, sim_args: tuple[str, ...] = (),
+           platform: str = "sagemaker", **options: str) -> Job:
+    """Start a job; ``options`` are the launcher's (LAUNCHER_<NAME> in every host's environment)."""
+    workdir, out = str(tmp_path / name), str(tmp_path / f"{name}-out")
+    os.mkdir(out)
+    env = launcher_env(**{f"LAUNCHER_{k.upper()}": v for k, v in options.items()})
+    sim = Simulate(["--hosts", str(hosts), "--workdir", workdir, "--job-name", name, "--platform", platform,
+                    "--platform-stop", "off", "--deadline", "240", "--nproc-per-node", "1", *sim_args, "--", SCRIPT,
+                    "--out", out, "--steps", str(STEPS), *script_args], str(tmp_path), env)
+    return Job(sim, workdir, out, hosts)
+
+
+def finish(job: Job) -> Result:
+    """Wait for the job's end; prove nothing of it is left; read what it left behind."""
+    try:
+        code = job.sim.finish(timeout=400)
+    finally:
+        if job.sim.proc.poll() is None:
+            job.sim.abort()
+    summary = read_json(os.path.join(job.workdir, "summary.json"))
+    records = {os.path.basename(p)[:-5]: read_json(p) for p in glob.glob(os.path.join(job.out, "g*.r*.json"))}
+    pids = {job.sim.proc.pid, *(h["pid"] for h in summary["hosts"]), *(r["pid"] for r in records.values())}
+    assert_gone(pids)
+    assert processes_inside(job.workdir) == []
+    names = [f"algo-{i}" for i in range(1, job.hosts + 1)] if summary["platform"] == "sagemaker" else \
+        [h["host"] for h in summary["hosts"]]
+    outcomes = {}
+    for host in names:
+        path = os.path.join(job.workdir, host, "output", "data", "outcome.json")
+        if os.path.exists(path):
+            outcomes[host] = read_json(path)
+    logs = {h["host"]: [line for line in job.sim.err if line.startswith(f"[{h['host']}] [ddp-launcher]")]
+            for h in summary["hosts"]}
+    ckpt = os.path.join(job.out, "ckpt.json")
+    return Result(code, {h["host"]: h["exit_code"] for h in summary["hosts"]}, outcomes, logs, records,
+                  read_json(ckpt) if os.path.exists(ckpt) else None, summary)
+
+
+def restart_lines(result: Result, host: str) -> list[str]:
+    """The host's restart lines (one per restart)."""
+    return [line for line in result.logs[host] if re.search(r"\] restart \d+ of \d+ \(job-wide\)", line)]
+
+
+def uninterrupted_sum(world: int) -> float:
+    """What rank 0's checkpoint holds after an uninterrupted run: each step all-reduces rank + 1."""
+    return STEPS * world * (world + 1) / 2
+
+
+def test_one_failure_restarts_every_host_once_and_the_job_finishes(tmp_path: Any) -> None:
+    # Side by side: a worker exits 3 once (SageMaker, budget 1: one failure costs exactly one restart) and a
+    # worker is SIGKILLed once (Kubeflow, whose MASTER_PORT is fixed: the new rendezvous reuses it).
+    exits = launch(tmp_path, "exits", 2, "--fail", "exit", max_restarts="1")
+    killed = launch(tmp_path, "killed", 2, "--fail", "kill", platform="kubeflow", max_restarts="2")
+    results = {"exits": finish(exits), "killed": finish(killed)}
+    for job, result in ((exits, results["exits"]), (killed, results["killed"])):
+        assert result.code == 0 and set(result.exits.values()) == {0}, job.sim.stderr[-4000:]
+        for host, lines in result.logs.items():
+            said = restart_lines(result, host)
+            assert len(said) == 1 and "generation 1 starts" in said[0] and "first step" in said[0], lines
+        # every rank ran generations 0 and 1 (TORCHELASTIC_RESTART_COUNT), none of generation 0 left by then
+        assert sorted(result.records) == ["g0.r0", "g0.r1", "g1.r0", "g1.r1"]
+        assert {r["generation"] for k, r in result.records.items() if k.startswith("g1")} == {1}
+        assert all(r["old_alive"] == [] for r in result.records.values())
+        assert result.records["g1.r0"]["steps"] == STEPS - 2  # resumed after the 2 complete steps
+        assert result.checkpoint == {"step": STEPS, "sum": uninterrupted_sum(2)}
+    ports = {k: r["master_port"] for k, r in results["killed"].records.items()}
+    assert len(set(ports.values())) == 1  # Kubeflow's fixed MASTER_PORT, reused by generation 1
+    for host in results["killed"].logs:  # rank 1 is on the worker pod: the root cause named on every host
+        assert "killed-worker-0: rank 1" in restart_lines(results["killed"], host)[0]
+        assert "SIGKILL" in restart_lines(results["killed"], host)[0]
+    for host, outcome in results["exits"].outcomes.items():
+        assert outcome["class"] == codes.SUCCESS and outcome["recovered"] is True, host
+        [restart] = outcome["restarts"]
+        assert restart["generation"] == 1 and restart["class"] == codes.WORKER_EXIT and restart["exit_code"] == 3
+        assert restart["root_cause_host"] == "algo-2" and "exited with code 3" in restart["root_cause"]
+        assert "Gloo" not in restart["root_cause"]  # the worker's own exit, not a restart race
+        assert restart["seconds_to_first_step"] is not None
+    assert len(results["exits"].outcomes) == 2
+
+
+def test_restarting_stops_where_it_cannot_help(tmp_path: Any) -> None:
+    # Side by side: the same exception twice without progress (budget 3); a budget used up (a worker exits 3
+    # in every generation, after progress; budget 1); a lost host (budget 2); a SIGTERM from the platform
+    # inside a restart, before the new generation's first step (budget 2).
+    same = launch(tmp_path, "same", 2, "--fail", "raise", "--fail-step", "0", "--fail-in", "all", max_restarts="3")
+    budget = launch(tmp_path, "budget", 2, "--fail", "exit", "--fail-in", "all", max_restarts="1")
+    lost = launch(tmp_path, "lost", 2, "--steps", "20", sim_args=("--fault", "algo-2:SIGKILL:step=2"),
+                  max_restarts="2")
+    stop = launch(tmp_path, "stop", 2, "--fail", "exit", "--window-in", "1",
+                  sim_args=("--fault", "algo-1:SIGTERM:step=99"), max_restarts="2")
+    results = {name: finish(job) for name, job in (("same", same), ("budget", budget), ("lost", lost),
+                                                   ("stop", stop))}
+
+    result = results["same"]  # generation 1 failed like generation 0 and made no progress: stopped, 93
+    assert set(result.exits.values()) == {codes.NO_PROGRESS_CODE}, same.sim.stderr[-4000:]
+    assert sorted(result.records) == ["g0.r0", "g0.r1", "g1.r0", "g1.r1"]  # no third generation
+    for host, outcome in result.outcomes.items():
+        assert outcome["class"] == codes.NO_PROGRESS and outcome["exit_code"] == codes.NO_PROGRESS_CODE
+        assert outcome["root_cause"].startswith("restarting does not help: generation 1 failed with the same root "
+                                                "cause as generation 0 (RuntimeError@restart_worker.py:")
+        assert "(1 restart(s) of 3)" in outcome["root_cause"] and len(outcome["restarts"]) == 1
+        assert len(restart_lines(result, host)) == 1
+    assert len(result.outcomes) == 2
+
+    result = results["budget"]  # the last failure's code, every host; the restart named the real cause
+    assert set(result.exits.values()) == {3}, budget.sim.stderr[-4000:]
+    for outcome in result.outcomes.values():
+        assert outcome["class"] == codes.WORKER_EXIT and outcome["root_cause_host"] == "algo-2"
+        assert "exited with code 3" in outcome["root_cause"] and "(after 1 job-wide restart(s) of 1)" in \
+            outcome["root_cause"]
+        assert "Gloo" not in outcome["root_cause"] and "connectFullMesh" not in outcome["root_cause"]
+        assert [r["exit_code"] for r in outcome["restarts"]] == [3]
+    assert len(result.outcomes) == 2 and "g2.r0" not in result.records
+
+    result = results["lost"]  # never restarted: 137 on the host that is left, no restart anywhere
+    assert result.exits["algo-1"] == codes.HOST_LOST_CODE, lost.sim.stderr[-4000:]
+    assert result.outcomes["algo-1"]["class"] == codes.HOST_LOST and result.outcomes["algo-1"]["restarts"] == []
+    assert not any(k.startswith("g1") for k in result.records)
+    assert not any(restart_lines(result, host) for host in result.logs)
+
+    result = results["stop"]  # SIGTERM while generation 1 starts: the job stops, nothing restarts again
+    assert 0 not in result.exits.values(), stop.sim.stderr[-4000:]
+    assert result.outcomes["algo-1"]["class"] == codes.STOPPED
+    assert not any(k.startswith(("g1", "g2")) for k in result.records)  # generation 1 never formed its group
+    assert not any("restart 2 of" in line for lines in result.logs.values() for line in lines)
+
+
+def test_a_hang_is_restarted_once_and_the_job_finishes(tmp_path: Any) -> None:
+    # Rank 1 stops taking part at step 3 of generation 0; the others wait in the collective: no progress anywhere
+    # for the hang timeout (above a loaded machine's torch import and rendezvous, which print nothing).
+    job = launch(tmp_path, "hang", 2, "--fail", "hang", max_restarts="1", hang_timeout="15")
+    result = finish(job)
+    assert set(result.exits.values()) == {0}, job.sim.stderr[-4000:]
+    for host, outcome in result.outcomes.items():
+        [restart] = outcome["restarts"]
+        assert restart["class"] == codes.HANG and restart["exit_code"] == codes.HANG_CODE, host
+        assert outcome["recovered"] is True
+        assert len(restart_lines(result, host)) == 1
+    assert len(result.outcomes) == 2
+    assert result.checkpoint == {"step": STEPS, "sum": uninterrupted_sum(2)}
+    assert all(r["old_alive"] == [] for r in result.records.values())
+
+
+def test_three_generations_on_four_hosts_leave_no_old_process(tmp_path: Any) -> None:
+    job = launch(tmp_path, "four", 4, "--fail", "exit", "--fail-in", "0,1", "--fail-step", "2", max_restarts="2")
+    result = finish(job)
+    assert set(result.exits.values()) == {0}, job.sim.stderr[-4000:]
+    assert sorted(result.records) == [f"g{g}.r{r}" for g in range(3) for r in range(4)]
+    for host in result.summary["hosts"]:  # simulate's summary shows the generations
+        assert [g["generation"] for g in host["generations"]] == [1, 2]
+        assert host["outcome"].startswith("succeeded in generation 2 (2 job-wide restart(s), logged at ")
+    # every rank of generations 1 and 2 found no process of the generation before alive (by its pid)
+    assert all(r["old_alive"] == [] for r in result.records.values())
+    assert len({r["pid"] for r in result.records.values()}) == 12
+    for host, outcome in result.outcomes.items():
+        assert [r["generation"] for r in outcome["restarts"]] == [1, 2], host
+        said = [line.split("] restart ", 1)[1][:6] for line in restart_lines(result, host)]
+        assert said == ["1 of 2", "2 of 2"], host
+    assert len(result.outcomes) == 4
+    assert result.checkpoint == {"step": STEPS, "sum": uninterrupted_sum(4)}
