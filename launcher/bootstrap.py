@@ -95,14 +95,14 @@ class Sampler:
         return moved, stepped
 
 
-def _sample(sampler, rank, path):
-    """The sampler's thread: a beat to ``path`` when the main thread moved, at most once per :data:`SEND`."""
+def _sample(sampler, rank, path, stop):
+    """The sampler's thread: a beat to ``path`` when the main thread moved, at most once per :data:`SEND`;
+    until ``stop`` is set (never, in a worker: the thread ends with the interpreter)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setblocking(False)
     moved = stepped = False
     sent = 0.0
-    while True:
-        time.sleep(PERIOD)
+    while not stop.wait(PERIOD):
         seen = sampler.look()
         moved, stepped = moved or seen[0], stepped or seen[1]
         now = time.monotonic()
@@ -113,14 +113,15 @@ def _sample(sampler, rank, path):
             sent = now
 
 
-def start_sampler(environ):
-    """Start the sampler's thread when the launcher listens for beats; the thread, or None."""
+def start_sampler(environ, stop=None):
+    """Start the sampler's thread when the launcher listens for beats (until ``stop``, an event, is set);
+    the thread, or None."""
     path, rank = environ.get(BEAT_VARIABLE), environ.get("RANK", "")
     if not path or not rank.isdigit() or environ.get(SAMPLE_VARIABLE) == "0":
         return None
     sampler = Sampler(threading.main_thread().ident)
-    thread = threading.Thread(target=_sample, args=(sampler, int(rank), path), name="ddp-launcher-sampler",
-                              daemon=True)
+    thread = threading.Thread(target=_sample, args=(sampler, int(rank), path, stop or threading.Event()),
+                              name="ddp-launcher-sampler", daemon=True)
     thread.start()
     return thread
 
