@@ -120,4 +120,4 @@ class Clock:
         value = min(rule.ceiling, max(rule.floor, learned))
         why = f"{MULTIPLE:g} x the longest gap between steps, {self.longest:.1f} s, over {self.gaps} gaps"
         bound = " (the floor)" if value == rule.floor else " (the ceiling)" if value == rule.ceiling else ""
-        return value, f"{value:g} s{bound}, learned: {why}"
+        return value, f"{value:.1f} s{bound}, learned: {why}"
