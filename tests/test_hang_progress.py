@@ -196,3 +196,22 @@ def test_the_floor_is_lowered_only_by_a_valid_test_variable() -> None:
     for bad in ("0", "-1", "nan", "inf", "301", "x", ""):
         with pytest.raises(ConfigError, match=hangtimeout.FLOOR_ENV):
             hangtimeout.policy(None, 540, 0, {hangtimeout.FLOOR_ENV: bad})
+
+
+@pytest.mark.parametrize("options, environ, says", [
+    ([], {}, "hangs:     learned: 5 x the longest gap between steps, after 16 gaps (the first 2 not counted), "
+             "at least 300 s, at most 1800 s; until the first step 540 s (--hang-start-timeout)"),
+    (["--hang-timeout", "30", "--hang-start-timeout", "20"], {},
+     "hangs:     30 s between progress events (--hang-timeout); until the first step 30 s"),
+    ([], {hangtimeout.FLOOR_ENV: "2"}, "at least 2 s (lowered by DDP_LAUNCHER_TEST_HANG_FLOOR: tests only)"),
+    (["--hang-timeout", "0"], {}, "hangs:     off (--hang-timeout 0)"),
+])
+def test_the_dry_run_says_which_timeout_is_in_force(options: list[str], environ: dict[str, str], says: str) -> None:
+    from conftest import REPO
+
+    from launcher import cli
+
+    script = os.path.join(REPO, "tests", "scripts", "hang_worker.py")
+    plan = cli.plan(["--platform", "local", "--dry-run", *options, script], {"PATH": "/usr/bin", **environ})
+    assert says in cli.describe(plan, False)
+    assert (plan.hang is None) == (options[-1:] == ["0"])
