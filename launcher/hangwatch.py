@@ -5,9 +5,9 @@ explicit beats, the bootstrap's samples of each rank's main thread, lines of ran
 The clock starts when this host's workers exist (the rendezvous has its own bound); the timeout in force
 is the start's bound until the first step, then a fixed or a learned one (:mod:`launcher.hangtimeout`).
 With several hosts, node 0 decides for the job: every other launcher adds to each job-watch
-heartbeat how long ago its ranks were last heard (``age``), and the job is hung when no rank of any
-host progressed for ``--hang-timeout`` seconds. Then, on every host at once (node 0 leads through the
-job watch's ``hang`` messages; see :class:`launcher.jobwatch.Extension`):
+heartbeat how long ago its ranks were last heard (``age``) and last stepped (``step``), and the job is
+hung when no rank of any host progressed for the timeout in force. Then, on every host at once (node 0
+leads through the job watch's ``hang`` messages; see :class:`launcher.jobwatch.Extension`):
 
 1. ``freeze``: every launcher stops its workers (SIGSTOP) and says ``frozen``: from now on no worker can
    die or notice that another did, so no stack changes while the others are taken;
