@@ -138,7 +138,9 @@ def run_healthy(hosts: int, cap: float, rnd: random.Random) -> dict:
                 "--launcher-hang-start-timeout", f"{LEARNED_START:g}"]
         code, _ended, log = simulate(tmp, hosts, cap, HEALTHY_SCRIPT, args,
                                      {"DDP_LAUNCHER_TEST_HANG_FLOOR": f"{LEARNED_FLOOR:g}"})
-        return {"code": code, "alarm": "hang: no rank progressed" in log, "phase": phase,
+        with open(os.path.join(tmp, "job", "summary.json"), encoding="utf-8") as fh:
+            capped = json.load(fh)["deadline_reached"]
+        return {"code": code, "alarm": "hang: no rank progressed" in log, "phase": phase, "capped": capped,
                 "timeouts": [float(t) for t in LEARNED_LINE.findall(log)]}
 
 
@@ -169,8 +171,8 @@ def learned_main(args: argparse.Namespace) -> int:
     rnd = random.Random(26)
     healthy = [run_healthy(args.hosts[0], args.cap, rnd) for _ in range(args.healthy)]
     for run in healthy:
-        print(f"  healthy: exit {run['code']}, phases {run['phase']:.1f} s, learned {run['timeouts'][-1:]}, "
-              f"alarm {run['alarm']}", flush=True)
+        print(f"  healthy: exit {run['code']}{' (the --cap reached)' if run['capped'] else ''}, phases "
+              f"{run['phase']:.1f} s, learned {run['timeouts'][-1:]}, alarm {run['alarm']}", flush=True)
     print(f"\nhealthy runs with irregular silent phases ({args.hosts[0]} hosts): {len(healthy)}, "
           f"exit 0: {sum(r['code'] == 0 for r in healthy)}, false alarms: {sum(r['alarm'] for r in healthy)}")
     return 0
