@@ -14,8 +14,16 @@ is named as the likely culprit). Rounds cycle through the five, the culprit rank
 Plain torchrun (static rendezvous, two namespaced hosts, the same deadlock) is run once, capped: when
 it ends and what its last lines say.
 
-Usage: ``.venv/bin/python bench/bench_hangs.py [--rounds 20] [--hosts 2 4 8] [--cap 120]``. Needs network
-namespaces; only the lab's private addresses are used.
+``--learned``: the default instead (no ``--hang-timeout``; the floor lowered to :data:`LEARNED_FLOOR` s by
+the test-only ``DDP_LAUNCHER_TEST_HANG_FLOOR``, so that a round takes a minute, not five): regular steps,
+then at step :data:`LEARNED_AT` (after the warm-up) one rank skips a collective. Per round: the learned
+timeout the log states, and the time from the hang until every host ended, against it. Then
+``--healthy N`` runs of tests/scripts/progress_worker.py with irregular phases (a slow start, a silent
+computation, a checkpoint written in pieces, an evaluation, each of a random length up to 3 x the
+learned floor's worth) under the same learned default: every false alarm is counted.
+
+Usage: ``.venv/bin/python bench/bench_hangs.py [--rounds 20] [--hosts 2 4 8] [--cap 120]
+[--learned] [--healthy 5]``. Needs network namespaces; only the lab's private addresses are used.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -45,6 +54,11 @@ SCRIPT = os.path.join(REPO, "tests", "scripts", "hang_worker.py")
 TIMEOUT = 10.0
 MODES = {"skip": "wait_for_peer", "loop": "spin", "read": "read_input", "preinit": "read_input", "noabort": ""}
 PORT = 29500
+HEALTHY_SCRIPT = os.path.join(REPO, "tests", "scripts", "progress_worker.py")
+LEARNED_FLOOR = 4.0  # seconds: the learned rounds' floor (the real one is 300 s)
+LEARNED_AT = 300  # the step at which a learned round hangs: 30 s of steps at least, past the warm-up
+LEARNED_START = 120.0  # the start's bound in the learned rounds
+LEARNED_LINE = re.compile(r"hang timeout: ([\d.]+) s[^,]*, learned")
 
 
 
@@ -65,15 +79,14 @@ def missing_ranks(report: str) -> set[int]:
     return ranks
 
 
-def run_launcher(hosts: int, mode: str, culprit: int, cap: float) -> dict:
-    """One hung job; its end, the stacks' share, the reports that name the culprit."""
-    with tempfile.TemporaryDirectory(prefix="bench-hangs-") as tmp:
-        workdir = os.path.join(tmp, "job")
+def simulate(tmp: str, hosts: int, cap: float, script: str, args: Sequence[str],
+             env: dict[str, str]) -> tuple[int, float, str]:
+    """One simulated job on namespaced hosts: its exit code, when it ended (wall clock), its log."""
+    with open(os.path.join(tmp, "log"), "w+", encoding="utf-8") as log:
         proc = subprocess.Popen([PYTHON, "-m", "launcher", "simulate", "--hosts", str(hosts), "--nproc-per-node", "1",
                                  "--network", "netns", "--platform-stop", "off", "--deadline", str(cap),
-                                 "--workdir", workdir, "--", SCRIPT, "--mode", mode, "--rank", str(culprit),
-                                 "--launcher-hang-timeout", f"{TIMEOUT:g}"],
-                                cwd=tmp, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 "--workdir", os.path.join(tmp, "job"), "--", script, *args],
+                                cwd=tmp, env=clean_env(**env), stdout=subprocess.DEVNULL, stderr=log,
                                 start_new_session=True)
         try:
             proc.wait(timeout=cap + 60)
@@ -81,6 +94,24 @@ def run_launcher(hosts: int, mode: str, culprit: int, cap: float) -> dict:
             proctree.kill_tree([proc.pid])
             proc.wait()
         ended = time.time()
+        log.seek(0)
+        return proc.returncode, ended, log.read()
+
+
+def run_launcher(hosts: int, mode: str, culprit: int, cap: float, learned: bool = False) -> dict:
+    """One hung job; its end, the stacks' share, the reports that name the culprit (``learned``: with the
+    learned default, and the learned timeout)."""
+    with tempfile.TemporaryDirectory(prefix="bench-hangs-") as tmp:
+        workdir = os.path.join(tmp, "job")
+        args = ["--mode", mode, "--rank", str(culprit)]
+        if learned:
+            args += ["--at-step", str(LEARNED_AT), "--step-sleep", "0.1",
+                     "--launcher-hang-start-timeout", f"{LEARNED_START:g}"]
+        else:
+            args += ["--launcher-hang-timeout", f"{TIMEOUT:g}"]
+        env = {"DDP_LAUNCHER_TEST_HANG_FLOOR": f"{LEARNED_FLOOR:g}"} if learned else {}
+        code, ended, log = simulate(tmp, hosts, cap, SCRIPT, args, env)
+        timeouts = [float(t) for t in LEARNED_LINE.findall(log)]
         records = []
         for i in range(1, hosts + 1):
             with open(os.path.join(workdir, f"algo-{i}", "output", "data", f"rank{i - 1}.json")) as fh:
@@ -96,7 +127,8 @@ def run_launcher(hosts: int, mode: str, culprit: int, cap: float) -> dict:
             reports.append(text)
         missing = set().union(*(missing_ranks(r) for r in reports)) if reports else set()
         givers = hosts - (mode == "noabort")
-        return {"code": proc.returncode, "took": ended - min(hung) if hung else None,
+        return {"code": code, "took": ended - min(hung) if hung else None,
+                "timeout": timeouts[-1] if timeouts else None,
                 "stacks": 1 - len(missing) / givers, "named": sum(named(mode, culprit) in r for r in reports) / hosts}
 
 
@@ -106,6 +138,65 @@ def named(mode: str, culprit: int) -> str:
         return f"rank {culprit} (algo-{culprit + 1}) gave no stack (SIGABRT ignored), likely the culprit"
     mark = "read" if mode == "preinit" else mode
     return f"rank {culprit} (algo-{culprit + 1}) at hang_worker.py:{line_of(mark)} in {MODES[mode]}"
+
+
+def run_healthy(hosts: int, cap: float, rnd: random.Random) -> dict:
+    """A healthy job with irregular silent phases under the learned default: its code, any hang line."""
+    with tempfile.TemporaryDirectory(prefix="bench-hangs-") as tmp:
+        phase = rnd.uniform(1, 3) * 3 * LEARNED_FLOOR
+        args = ["--mode", "healthy", "--steps", str(rnd.randint(40, 120)), "--slow-start",
+                f"{rnd.uniform(1, 3) * LEARNED_FLOOR:.1f}", "--quiet-phase", f"{phase:.1f}",
+                "--launcher-hang-start-timeout", f"{LEARNED_START:g}"]
+        code, _ended, log = simulate(tmp, hosts, cap, HEALTHY_SCRIPT, args,
+                                     {"DDP_LAUNCHER_TEST_HANG_FLOOR": f"{LEARNED_FLOOR:g}"})
+        with open(os.path.join(tmp, "job", "summary.json"), encoding="utf-8") as fh:
+            capped = json.load(fh)["deadline_reached"]
+        return {"code": code, "alarm": "hang: no rank progressed" in log, "phase": phase, "capped": capped,
+                "timeouts": [float(t) for t in LEARNED_LINE.findall(log)]}
+
+
+def learned_main(args: argparse.Namespace) -> int:
+    """The learned default: hangs against the learned timeout, then healthy runs (false alarms)."""
+    rows = []
+    for hosts in args.hosts:
+        results = []
+        for i in range(args.rounds):
+            culprit = (i * 3 + 1) % hosts
+            result = run_launcher(hosts, "skip", culprit, args.cap, learned=True)
+            results.append(result)
+            print(f"  {hosts} hosts rank {culprit}: exit {result['code']}, learned {result['timeout']} s, "
+                  f"ended {result['took'] or float('nan'):.1f} s after the hang, named {result['named']:.0%}",
+                  flush=True)
+        took = [r["took"] for r in results if r["took"] is not None]
+        over = [r["took"] - r["timeout"] for r in results if r["took"] is not None and r["timeout"] is not None]
+        learned = [r["timeout"] for r in results if r["timeout"] is not None]
+        rows.append([str(hosts), str(len(results)),
+                     f"{statistics.median(learned):.1f} s ({min(learned):.1f}-{max(learned):.1f})" if learned else "-",
+                     f"{statistics.median(took):.1f} s ({min(took):.1f}-{max(took):.1f})" if took else "-",
+                     f"{statistics.median(over):.1f} s ({min(over):.1f}-{max(over):.1f})" if over else "-",
+                     f"{sum(r['code'] == 124 for r in results)}/{len(results)}",
+                     f"{statistics.mean(r['named'] for r in results):.0%}"])
+    print(f"\nlearned default (floor lowered to {LEARNED_FLOOR:g} s), hang at step {LEARNED_AT}, one rank per host")
+    print_table(["hosts", "hangs", "learned timeout", "hang to every host ended", "past the timeout", "exit 124",
+                 "reports naming the culprit"], rows)
+    rnd = random.Random(26)
+    healthy = [run_healthy(args.hosts[0], max(args.cap, 400.0), rnd) for _ in range(args.healthy)]  # long runs
+    for run in healthy:
+        print(f"  healthy: exit {run['code']}{' (the --cap reached)' if run['capped'] else ''}, phases "
+              f"{run['phase']:.1f} s, learned {run['timeouts'][-1:]}, alarm {run['alarm']}", flush=True)
+    print(f"\nhealthy runs with irregular silent phases ({args.hosts[0]} hosts): {len(healthy)}, "
+          f"exit 0: {sum(r['code'] == 0 for r in healthy)}, false alarms: {sum(r['alarm'] for r in healthy)}")
+    return 0
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    """A Markdown table."""
+    table = [header, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for i, row in enumerate(table):
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
 
 
 def run_torchrun(cap: float) -> tuple[Optional[float], str]:
@@ -140,11 +231,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--cap", type=float, default=120.0)
+    parser.add_argument("--learned", action="store_true", help="the learned default instead (see above)")
+    parser.add_argument("--healthy", type=int, default=5, help="with --learned: healthy runs")
     args = parser.parse_args(argv)
     why = netns.unavailable()
     if why is not None:
         print(f"bench_hangs: skipped: network namespaces: {why}")
         return 0
+    if args.learned:
+        return learned_main(args)
     rows = []
     for hosts in args.hosts:
         results = []
@@ -165,13 +260,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ended, said = run_torchrun(args.cap)
     print(f"\ninjected hangs, --hang-timeout {TIMEOUT:g} s, one rank per namespaced host; time from the hang "
           "until every host ended, median (min-max)")
-    header = ["hosts", "hangs", "time to end", "exit 124", "ranks with stacks", "reports naming the culprit"]
-    table = [header, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    for i, row in enumerate(table):
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
-        if i == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print_table(["hosts", "hangs", "time to end", "exit 124", "ranks with stacks", "reports naming the culprit"],
+                rows)
     when = f"still running at the {args.cap:g} s cap" if ended is None else f"ended after {ended:.0f} s"
     print(f"\nplain torchrun, 2 hosts, rank 1 skips a collective: {when}; last lines: {said or '(nothing)'}")
     return 0

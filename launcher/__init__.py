@@ -31,14 +31,17 @@ names every module and only modules that exist):
 - ``groups``: hosts outside the training world: the script once, without torchrun, supervised.
 - ``command``: platform + options -> the ``Cluster`` (``cluster_for``), then torchrun's exact argv and env.
 - ``preflight``: bounded waits for host names and files the cluster publishes late.
-- ``bootstrap``: what torchrun runs for each worker: the script as ``python script.py``, and the code it asked for.
+- ``bootstrap``: what torchrun runs for each worker: the script as ``python script.py``, and the code it asked for;
+  with hang detection on, a thread that samples the main thread (moved, or went round a loop) and beats.
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
 - ``streams``: standard streams that are always there, and writes that never fail.
 - ``logspace``: the worker logs' disk use under ``$TMPDIR`` kept bounded while torchrun runs; a full disk named.
 - ``proctree``: finding and ending the processes the launcher started (the watchdog).
 - ``jobwatch``: the launchers of one job watch each other (the wire protocol); a failed or lost host stops
   the job; the job's root cause is handed over as an ``Event``.
-- ``progress``: when each rank was last heard (its output lines, its progress beats).
+- ``progress``: when each rank was last heard and last stepped (beats, sampled main threads, lines of ranks
+  with neither).
+- ``hangtimeout``: the hang timeout in force and why: the start's bound, fixed, or learned from the steps.
 - ``hangwatch``: no progress anywhere for the hang timeout: every rank's stacks, the culprit named.
 - ``hang``: reading stack dumps: each rank's innermost user frame, the odd one out, the sentence.
 - ``stacks``: a hung host's stacks taken in bounded time: each worker's dump read from its own stderr file.

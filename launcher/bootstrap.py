@@ -18,17 +18,115 @@ A crash later in teardown (torch's threads aborting: "terminate called without a
 then changes what torchrun sees, but not what the launcher reports (see ``launcher.failure``).
 An uncaught exception is printed by ``sys.excepthook`` without this file's frame; ``KeyboardInterrupt``
 is left to Python (the process ends by SIGINT, as it would).
+
+With hang detection on (``$DDP_LAUNCHER_PROGRESS`` names the launcher's beat socket), a daemon thread
+samples the main thread every :data:`PERIOD` s (:class:`Sampler`) and tells the launcher, at most once
+per :data:`SEND` s, that it moved (``<rank> ~moved``: its innermost frame or that frame's line changed)
+or went round a loop (``<rank> ~step``: its innermost frame in the script's own code came back to a line
+it had left). A blocked collective, a deadlock, a blocked read, a one-line endless loop and a C call
+that never returns keep one frame and line for ever: no beat. A C call that holds the GIL stops the
+sampler too: no beat, as it should be. ``DDP_LAUNCHER_SAMPLE=0`` turns the sampler off.
 """
 
+import contextlib
 import json
 import os
+import socket
 import stat
 import sys
+import threading
 import time
 
 EXIT_DIR_VARIABLE = "DDP_LAUNCHER_EXIT_DIR"
 GENERATION_VARIABLE = "DDP_LAUNCHER_GENERATION"  # the launcher's job-wide restart count (launcher/restart.py)
+BEAT_VARIABLE = "DDP_LAUNCHER_PROGRESS"  # the launcher's beat socket (launcher/progress.py: BEAT_ENV)
+SAMPLE_VARIABLE = "DDP_LAUNCHER_SAMPLE"  # "0": no sampler
 STARTED = time.time()  # the worker's start: the rendezvous was complete
+PERIOD = 0.1  # seconds between two looks at the main thread
+SEND = 1.0  # seconds at least between two beats of the sampler
+MAX_DEPTH = 64  # frames walked outward to find the script's own code
+MAX_SEEN = 4096  # lines of the script's code remembered (then forgotten, and learned again)
+_LIBRARY = (os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
+
+
+class Sampler:
+    """Looks at the main thread (``ident``) now and then: :meth:`look` says whether it moved or went round
+    a loop since the last look. It holds the innermost frame it saw until the next look, so that a new
+    frame is never taken for the old one (a function called again from the same line gets a new frame
+    object, which could otherwise reuse the old one's address); what that frame holds stays alive until
+    then (at most :data:`PERIOD` s)."""
+
+    def __init__(self, ident):
+        self.ident = ident
+        self.frame, self.line = None, 0  # the innermost frame at the last look, and its line
+        self.user_last = None  # (id of the code, line) of the innermost frame in the script's own code
+        self.seen = set()
+        self.user_code = {}  # id(code) -> whether it is the script's own code (not the library's)
+
+    def _is_user(self, code):
+        known = self.user_code.get(id(code))
+        if known is None:
+            name = code.co_filename
+            known = not (name.startswith("<") or name.startswith(_LIBRARY) or "-packages" + os.sep in name)
+            if len(self.user_code) > MAX_SEEN:
+                self.user_code.clear()
+            self.user_code[id(code)] = known
+        return known
+
+    def look(self):
+        """``(moved, stepped)`` since the last look. A main thread without a Python frame is finishing
+        (the interpreter's teardown, torch's own): that counts as moving."""
+        frame = sys._current_frames().get(self.ident)
+        if frame is None:
+            self.frame = None
+            return True, False
+        moved = frame is not self.frame or frame.f_lineno != self.line
+        self.frame, self.line = frame, frame.f_lineno
+        stepped = False
+        depth = 0
+        while frame is not None and depth < MAX_DEPTH and not self._is_user(frame.f_code):
+            frame, depth = frame.f_back, depth + 1
+        if moved and frame is not None and depth < MAX_DEPTH:
+            user = (id(frame.f_code), frame.f_lineno)
+            if user != self.user_last:
+                stepped = user in self.seen
+                if len(self.seen) > MAX_SEEN:
+                    self.seen.clear()
+                self.seen.add(user)
+                self.user_last = user
+        del frame
+        return moved, stepped
+
+
+def _sample(sampler, rank, path, stop):
+    """The sampler's thread: a beat to ``path`` when the main thread moved, at most once per :data:`SEND`;
+    until ``stop`` is set (never, in a worker: the thread ends with the interpreter)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.setblocking(False)
+    moved = stepped = False
+    sent = 0.0
+    while not stop.wait(PERIOD):
+        seen = sampler.look()
+        moved, stepped = moved or seen[0], stepped or seen[1]
+        now = time.monotonic()
+        if moved and now - sent >= SEND:
+            with contextlib.suppress(OSError):  # nobody listens (yet, or any more), or the queue is full
+                sock.sendto(b"%d %s" % (rank, b"~step" if stepped else b"~moved"), path)
+            moved = stepped = False
+            sent = now
+
+
+def start_sampler(environ, stop=None):
+    """Start the sampler's thread when the launcher listens for beats (until ``stop``, an event, is set);
+    the thread, or None."""
+    path, rank = environ.get(BEAT_VARIABLE), environ.get("RANK", "")
+    if not path or not rank.isdigit() or environ.get(SAMPLE_VARIABLE) == "0":
+        return None
+    sampler = Sampler(threading.main_thread().ident)
+    thread = threading.Thread(target=_sample, args=(sampler, int(rank), path, stop or threading.Event()),
+                              name="ddp-launcher-sampler", daemon=True)
+    thread.start()
+    return thread
 
 
 def _stderr_offset():
@@ -96,6 +194,7 @@ def run(argv):
         os.environ["TORCHELASTIC_RESTART_COUNT"] = os.environ[GENERATION_VARIABLE]
     sys.path[0] = os.path.dirname(os.path.realpath(path))
     module = _main_module(path)
+    start_sampler(os.environ)
     try:
         exec(code, module.__dict__)
     except SystemExit as exc:

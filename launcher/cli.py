@@ -39,7 +39,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from launcher import codes, groups, platforms, report, streams
+from launcher import codes, groups, hangtimeout, platforms, report, streams
 from launcher.cluster import Cluster
 from launcher.command import (
     Launch,
@@ -52,6 +52,7 @@ from launcher.command import (
     watch_secret,
 )
 from launcher.errors import ConfigError, shown
+from launcher.hangtimeout import Policy
 from launcher.options import Invocation, Options, help_text, parse_invocation
 from launcher.platforms.base import Attempt, HostView, look_once
 from launcher.report import Clock, Verdict
@@ -75,6 +76,7 @@ class Plan(NamedTuple):
     launch: Launch
     grace_period: float
     notes: tuple[str, ...]
+    hang: Optional[Policy] = None  # hang detection's timeouts; None: off
 
 
 def _check_script(script: str) -> None:
@@ -144,19 +146,23 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     if groups.watch_place(cluster)[1] > 1 and not options.no_job_watch:  # the watch's settings, checked first
         watch_ports(cluster, options, "0")
         watch_secret(options, environ)
-    if options.max_restarts and not options.hang_timeout:  # progress beats tell a restart whether it helped
+    rule = None
+    hangs_on = options.hang_timeout != 0 and (cluster.nnodes == 1 or not options.no_job_watch)
+    if options.max_restarts and not hangs_on:  # progress beats tell a restart whether it helped
         from launcher.progress import BEAT_ENV, BEAT_SOCKET
 
         if BEAT_ENV not in environ:
             launch = launch._replace(env_changes={**launch.env_changes, BEAT_ENV: os.path.join(run_dir, BEAT_SOCKET)})
-    if options.hang_timeout and (cluster.nnodes == 1 or not options.no_job_watch):
+    if hangs_on:
         from launcher.hangwatch import worker_env
         from launcher.platforms.devices import count_gpus
 
-        changes, hang_notes = worker_env(environ, run_dir, count_gpus(host.dev_dir))
+        gpus = count_gpus(host.dev_dir)
+        rule = hangtimeout.policy(options.hang_timeout, options.hang_start_timeout, gpus, environ)
+        changes, hang_notes = worker_env(environ, run_dir, gpus)
         launch = launch._replace(env_changes={**launch.env_changes, **changes}, notes=(*launch.notes, *hang_notes))
     grace = invocation.options.grace_period or choice.platform.grace_period
-    return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes)
+    return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes, rule)
 
 
 def _block(label: str, items: Sequence[str]) -> list[str]:
@@ -201,7 +207,8 @@ def describe(p: Plan, as_json: bool) -> str:
                            "matched": {name: list(ev) for name, ev in p.choice.matches},
                            "evidence": list(c.evidence), "cluster": c.to_dict(), "argv": list(p.launch.argv),
                            "env": dict(p.launch.env_changes), "env_removed": list(p.launch.env_removed),
-                           "grace_period": p.grace_period, "notes": list(p.notes)}, indent=2)
+                           "grace_period": p.grace_period, "notes": list(p.notes),
+                           "hang_timeout": p.hang.describe() if p.hang else "off"}, indent=2)
     port = master_port(c, p.invocation.options)
     master = f"{c.master_addr}:{port}" if c.nnodes > 1 else "(standalone)"
     watched = c.nnodes > 1 or (c.role is not None and len(c.role.job_hosts) > 1)
@@ -217,9 +224,16 @@ def describe(p: Plan, as_json: bool) -> str:
              *_block("env", [f"{k}={v}" for k, v in p.launch.env_changes.items()]),
              *_block("removed", [f"{k} (inherited; torchrun would read it)" for k in p.launch.env_removed]),
              f"stop:      grace period {p.grace_period:g} s after SIGTERM/SIGINT/SIGHUP",
+             f"hangs:     {p.hang.describe() if p.hang else _hangs_off(p)}",
              *_block("watch", [_watch_line(p)] if watched else []),
              *[f"note:      {n}" for n in p.notes]]
     return "\n".join(printable(line) for line in lines)
+
+
+def _hangs_off(p: Plan) -> str:
+    if p.invocation.options.hang_timeout == 0:
+        return "off (--hang-timeout 0)"
+    return "off: with several hosts it needs the job watch (--no-job-watch)"
 
 
 def printable(line: str) -> str:
@@ -288,12 +302,13 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
             from launcher import jobwatch  # several nodes only
 
             watch = jobwatch.for_cluster(c, options, log, watch_secret(options, environ))
-        if options.hang_timeout and (c.nnodes == 1 or watch is not None):  # several hosts: node 0 decides
+        if p.hang and (c.nnodes == 1 or watch is not None):  # several hosts: node 0 decides
             from launcher import hangwatch
 
-            hangs = hangwatch.for_cluster(c, options.hang_timeout, p.launch.run_dir, log, watch)
+            log(f"hang timeout: {p.hang.describe()}")
+            hangs = hangwatch.for_cluster(c, p.hang, p.launch.run_dir, log, watch)
             hangs.nccl_env = p.launch.environment(environ)
-        elif options.hang_timeout:
+        elif p.hang:
             log("hang detection off: with several hosts it needs the job watch")
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
         rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 and not outside else None

@@ -117,7 +117,7 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
             if hangs is not None and generation > 0:
                 from launcher import hangwatch
 
-                hangs = hangwatch.for_cluster(c, options.hang_timeout, launch.run_dir, log, watch)
+                hangs = hangwatch.for_cluster(c, p.hang, launch.run_dir, log, watch)
                 hangs.nccl_env = launch.environment(environ)
             steps = _steps(launch.run_dir, hangs, log, pending, failed_at)
             try:

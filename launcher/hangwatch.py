@@ -1,11 +1,13 @@
 """Hang detection: no rank progressed for the hang timeout -> every rank's Python stacks, the culprit named.
 
 A thread of the launcher checks once a second when any rank was last heard (:mod:`launcher.progress`:
-output lines and beats). The clock starts when this host's workers exist (the rendezvous has its own
-bound). With several hosts, node 0 decides for the job: every other launcher adds to each job-watch
-heartbeat how long ago its ranks were last heard (``age``), and the job is hung when no rank of any
-host progressed for ``--hang-timeout`` seconds. Then, on every host at once (node 0 leads through the
-job watch's ``hang`` messages; see :class:`launcher.jobwatch.Extension`):
+explicit beats, the bootstrap's samples of each rank's main thread, lines of ranks that have neither).
+The clock starts when this host's workers exist (the rendezvous has its own bound); the timeout in force
+is the start's bound until the first step, then a fixed or a learned one (:mod:`launcher.hangtimeout`).
+With several hosts, node 0 decides for the job: every other launcher adds to each job-watch
+heartbeat how long ago its ranks were last heard (``age``) and last stepped (``step``), and the job is
+hung when no rank of any host progressed for the timeout in force. Then, on every host at once (node 0
+leads through the job watch's ``hang`` messages; see :class:`launcher.jobwatch.Extension`):
 
 1. ``freeze``: every launcher stops its workers (SIGSTOP) and says ``frozen``: from now on no worker can
    die or notice that another did, so no stack changes while the others are taken;
@@ -38,7 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from launcher import hang, proctree, stacks
+from launcher import hang, hangtimeout, proctree, stacks
 from launcher.progress import BEAT_ENV, BEAT_SOCKET, BeatSocket, Progress
 from launcher.stacks import signal_workers
 
@@ -67,12 +69,16 @@ class HangWatch:
     """This host's hang detector: a thread from :meth:`attach` (with torchrun's pid) to :meth:`close`.
 
     ``watch`` is the job watch with several hosts (node 0's hub decides, the others follow); None alone.
+    ``timeout`` is a fixed hang timeout; ``rule`` (:mod:`launcher.hangtimeout`), when given, replaces it
+    (the start's bound, a fixed or a learned timeout); :attr:`timeout` is then the one in force.
     """
 
     def __init__(self, timeout: float, progress: Progress, beats: Optional[BeatSocket],
                  hosts: Mapping[int, str], log: Callable[[str], None], watch: Optional[Watch] = None,
-                 node: int = 0) -> None:
+                 node: int = 0, rule: Optional[hangtimeout.Policy] = None) -> None:
         self.timeout, self.progress, self.beats, self.hosts, self.log = timeout, progress, beats, hosts, log
+        self.clock = hangtimeout.Clock(rule or hangtimeout.Policy(timeout, start=timeout), log)
+        self.why = ""  # why the timeout in force is what it is
         self.watch, self.node = watch, node
         self.nccl_env: Mapping[str, str] = {}  # the workers' environment, when it has the Flight Recorder's pipe
         self.verdict: Optional[str] = None  # the culprit sentence once a hang was decided
@@ -89,6 +95,7 @@ class HangWatch:
         self._dumped = False
         self._started: Optional[float] = None
         self._remote: dict[int, float] = {}  # node -> when its ranks were last heard (this clock)
+        self._remote_step: dict[int, float] = {}  # node -> its ranks' latest step-like event (this clock)
         self._phases: list[dict] = []  # node 0's orders not yet carried out (another host)
         self._frozen: set[int] = set()  # nodes that said frozen (node 0)
         self._stacks: dict[int, dict] = {}  # node -> its stacks message (node 0)
@@ -125,7 +132,8 @@ class HangWatch:
         """Fields for this host's heartbeats: how long ago its ranks were last heard (none before they run)."""
         if self.node == 0 or self._started is None:
             return {}
-        return {"age": round(time.monotonic() - self._latest_local(), 3)}
+        now, step = time.monotonic(), self.progress.last_step()
+        return {"age": round(now - self._latest_local(), 3), **({"step": round(now - step, 3)} if step else {})}
 
     def on_message(self, node: int, host: str, message: dict) -> None:
         """A heartbeat's ``age`` (node 0), or a ``hang`` message; a malformed one raises (the watch drops it)."""
@@ -136,6 +144,9 @@ class HangWatch:
                 age = float(message["age"])
                 if 0 <= age < 10 * 86400:
                     self._remote[node] = now - age
+                step = float(message.get("step", -1))
+                if 0 <= step < 10 * 86400:
+                    self._remote_step[node] = now - step
             elif kind == "hang" and self.node == 0:
                 phase = str(message["phase"])
                 if phase == "frozen":
@@ -175,6 +186,8 @@ class HangWatch:
             judged = time.monotonic()
             workers = self._workers()
             if not workers:
+                if self._started is not None:  # ended (a restart starts again with the start's bound)
+                    self.clock.restart()
                 self._started = None  # not started yet (rendezvous), or ended: nothing can hang
                 continue
             now = time.monotonic()
@@ -185,6 +198,10 @@ class HangWatch:
                 continue
             with self.lock:
                 latest = max([latest, *self._remote.values()])
+                steps = [s for s in (self.progress.last_step(), *self._remote_step.values())
+                         if s is not None and s >= self._started]
+            self.clock.observe(max(steps, default=None), now - self._started)
+            self.timeout, self.why = self.clock.timeout()
             if now - latest >= self.timeout and not self._closing.is_set():
                 self._lead(now - latest, workers)
                 return
@@ -203,7 +220,7 @@ class HangWatch:
     def _lead(self, silent: float, workers: Sequence[int]) -> None:
         """Node 0 (or a single host): freeze, dump, read, name the culprit, tell everyone, stop."""
         others = self._running_nodes()
-        self.log(f"hang: no rank progressed for {silent:.0f} s (--hang-timeout {self.timeout:g}): asking "
+        self.log(f"hang: no rank progressed for {silent:.0f} s; hang timeout {self.why}: asking "
                  f"every worker{f' of {len(others) + 1} hosts' if others else ''} for the Python stacks of "
                  "all its threads")
         if others:
@@ -425,9 +442,10 @@ def trigger_nccl_dumps(environ: Mapping[str, str], ranks: Sequence[int]) -> int:
     return done
 
 
-def for_cluster(cluster: Cluster, timeout: float, run_dir: str, log: Callable[[str], None],
+def for_cluster(cluster: Cluster, rule: hangtimeout.Policy, run_dir: str, log: Callable[[str], None],
                 watch: Optional[Watch] = None) -> HangWatch:
-    """This host's hang watch: its ranks named by this host, beats on the run directory's socket."""
+    """This host's hang watch: its ranks named by this host, beats on the run directory's socket, the
+    timeout of ``rule``."""
     beats: Optional[BeatSocket] = None
     try:
         beats = BeatSocket(run_dir)
@@ -436,7 +454,7 @@ def for_cluster(cluster: Cluster, timeout: float, run_dir: str, log: Callable[[s
             "still count as progress")
     first = cluster.node_rank * cluster.nproc_per_node
     hosts = {first + i: cluster.current_host for i in range(cluster.nproc_per_node)}
-    return HangWatch(timeout, Progress(), beats, hosts, log, watch, cluster.node_rank)
+    return HangWatch(rule.fixed or rule.start, Progress(), beats, hosts, log, watch, cluster.node_rank, rule)
 
 
 def report(watch: HangWatch, limit: int) -> str:

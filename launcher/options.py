@@ -31,13 +31,12 @@ from typing import Callable, NamedTuple, Optional
 from launcher import platforms
 from launcher.cluster import MAX_NPROC
 from launcher.errors import ConfigError, shown
+from launcher.hangtimeout import CEILING_CPU, CEILING_GPU, FLOOR, MULTIPLE, START
 from launcher.platforms.base import ArgvPairs
 
 ENV_PREFIX = "LAUNCHER_"
 MAX_SECONDS = 86400  # a day: the longest grace period or rendezvous timeout that is not a typo
 MAX_RESTARTS = 100
-# Gloo's own collective timeout: a job in which a rank waits that long in a collective fails anyway.
-DEFAULT_HANG_TIMEOUT = 1800
 # The failure classes a restart may help (launcher/codes.py; out_of_memory: a worker the OOM killer ended),
 # and those restarted by default. A lost host, a stop signal, bad input and the launcher's error never are.
 RESTARTABLE = ("worker_exit", "worker_signal", "out_of_memory", "hang", "rendezvous")
@@ -205,10 +204,15 @@ SPECS: tuple[Spec, ...] = (
          "a file holding the job's shared secret: the job watch's messages are authenticated (HMAC); "
          "default the LAUNCHER_JOB_SECRET variable, else none", metavar="PATH"),
     Spec("no_job_watch", parse_bool, False, "true or false", "turn the job watch off"),
-    Spec("hang_timeout", _seconds_or_off, DEFAULT_HANG_TIMEOUT, f"seconds 0-{MAX_SECONDS} (0: off)",
-         "a job in which no rank printed a line or sent a progress beat for this long is hung: every rank's "
-         "Python stacks are taken, the rank that stands out is named, the job ends with exit code 124; 0 "
-         "turns it off; the default is gloo's own collective timeout", metavar="SECONDS"),
+    Spec("hang_timeout", _seconds_or_off, None, f"seconds 0-{MAX_SECONDS} (0: off)",
+         "a job in which no rank's training loop progressed (a beat, its main thread moving; lines only from "
+         "a rank with neither) for this long is hung: every rank's Python stacks are taken, the rank that "
+         f"stands out is named, the job ends with exit code 124; 0 turns it off; default learned from the job: "
+         f"{MULTIPLE:g} x the longest gap between its steps, at least {FLOOR:g} s, at most {CEILING_GPU:g} s on "
+         f"hosts with GPUs (before NCCL's 600 s) and {CEILING_CPU:g} s without", metavar="SECONDS"),
+    Spec("hang_start_timeout", _seconds, START, f"seconds 0-{MAX_SECONDS} (above 0)",
+         "the hang timeout from the workers' start until their first step (imports, checkpoint load, "
+         "compilation; learned timeout: until its warm-up ends); at least --hang-timeout", metavar="SECONDS"),
     Spec("resolve", parse_resolve, {}, "HOST=ADDR[,HOST=ADDR...]",
          "addresses for host names this machine cannot resolve (simulated hosts; /etc/hosts is never "
          "touched)", metavar="HOST=ADDR,..."),
@@ -239,7 +243,8 @@ class Options(NamedTuple):
     loss_timeout: float
     job_secret_file: Optional[str]
     no_job_watch: bool
-    hang_timeout: float
+    hang_timeout: Optional[float]
+    hang_start_timeout: float
     resolve: dict
     outcome_file: Optional[str]
     dry_run: bool

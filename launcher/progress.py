@@ -11,6 +11,13 @@
 
   One system call, no output, never blocks; when nobody listens (no launcher, hang detection off) it
   fails at once with ``FileNotFoundError``/``ConnectionRefusedError``, which is ignored.
+- Sampled: without the script's help, :mod:`launcher.bootstrap` samples each rank's main thread and
+  sends a beat with a word of :data:`SAMPLED` when it moved (``~moved``) or went round a loop (``~step``).
+
+Every kind makes a rank heard (its silence ends); a step-like kind (an explicit beat, a sampled
+``~step``, a line) also marks its step, which the learned timeout learns from
+(:mod:`launcher.hangtimeout`). A rank's lines count only until it beats or is sampled: a thread that
+prints proves nothing about the training loop.
 - After a hang is decided, :meth:`Progress.capture` keeps (bounded) what the workers print on stderr
   next: their stack dumps.
 """
@@ -27,6 +34,7 @@ from typing import Optional
 
 BEAT_ENV = "DDP_LAUNCHER_PROGRESS"
 BEAT_SOCKET = "progress.sock"
+SAMPLED = (b"~moved", b"~step")  # the words of the bootstrap's sampler (see launcher/bootstrap.py)
 MAX_BEAT = 64  # bytes of a beat datagram that are read: the rank, then an optional word
 CAPTURE_LIMIT = 16 * 1024 * 1024  # bytes of stack dumps kept after a hang (a few MB for hundreds of threads)
 _RANK_LINE = re.compile(rb"^\[rank(\d{1,7})\]:", re.MULTILINE)
@@ -38,6 +46,8 @@ class Progress:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.heard: dict[int, float] = {}
+        self.stepped: dict[int, float] = {}  # rank -> its latest step-like event
+        self.beating: set[int] = set()  # ranks that beat or are sampled: their lines no longer count
         self.beats = 0
         self.first_beat: Optional[float] = None  # when the first beat came (monotonic): a first step
         self.captured: Optional[bytearray] = None
@@ -49,22 +59,33 @@ class Progress:
         now = time.monotonic()
         with self.lock:
             for rank in ranks:
-                self.heard[rank] = now
+                if rank not in self.beating:
+                    self.heard[rank] = self.stepped[rank] = now
             if stderr and self.captured is not None and len(self.captured) < CAPTURE_LIMIT:
                 self.captured += chunk[:CAPTURE_LIMIT - len(self.captured)]
 
-    def beat(self, rank: int) -> None:
-        """A rank's explicit beat."""
+    def beat(self, rank: int, word: bytes = b"") -> None:
+        """A rank's beat: explicit (any ``word`` but the sampler's) or sampled (:data:`SAMPLED`)."""
+        now = time.monotonic()
         with self.lock:
-            self.heard[rank] = time.monotonic()
-            self.beats += 1
-            if self.first_beat is None:
-                self.first_beat = self.heard[rank]
+            self.heard[rank] = now
+            self.beating.add(rank)
+            if word != SAMPLED[0]:
+                self.stepped[rank] = now
+            if word not in SAMPLED:
+                self.beats += 1
+                if self.first_beat is None:
+                    self.first_beat = now
 
     def last(self) -> dict[int, float]:
         """A copy of rank -> when last heard (monotonic)."""
         with self.lock:
             return dict(self.heard)
+
+    def last_step(self) -> Optional[float]:
+        """When any rank's latest step-like event came (monotonic); None before the first."""
+        with self.lock:
+            return max(self.stepped.values(), default=None)
 
     def capture(self) -> None:
         """Start keeping stderr's bytes (the stack dumps that follow)."""
@@ -78,10 +99,11 @@ class Progress:
         return data.decode("utf-8", "replace").splitlines()
 
 
-def parse_beat(data: bytes) -> Optional[int]:
-    """A beat datagram's rank (``b"3"``, ``b"3 eval"``); None when it is not one."""
-    head = data[:MAX_BEAT].split(b" ", 1)[0].strip()
-    return int(head) if head.isdigit() and len(head) <= 7 else None
+def parse_beat(data: bytes) -> Optional[tuple[int, bytes]]:
+    """A beat datagram's rank and word (``b"3"``, ``b"3 eval"``, ``b"3 ~moved"``); None when it is not one."""
+    head, _, word = data[:MAX_BEAT].partition(b" ")
+    head = head.strip()
+    return (int(head), word.strip()) if head.isdigit() and len(head) <= 7 else None
 
 
 class BeatSocket:
@@ -110,9 +132,9 @@ class BeatSocket:
                 return
             except OSError:
                 return
-            rank = parse_beat(data)
-            if rank is not None:
-                progress.beat(rank)
+            beat = parse_beat(data)
+            if beat is not None:
+                progress.beat(*beat)
 
     def close(self) -> None:
         """Close and remove the socket file."""

@@ -223,7 +223,7 @@ def test_launcher_prefixed_hyperparameters_are_the_launchers(spec):
     good = {"platform": "local", "nproc_per_node": 3, "master_port": 2345, "rdzv_timeout": 60, "max_restarts": 2,
             "grace_period": 30.5, "resolve": {"algo-1": "127.0.0.1"}, "dry_run": True, "json": True,
             "watch_port": 2346, "loss_timeout": 5.0, "job_secret_file": "/run/secret", "no_job_watch": True,
-            "hang_timeout": 600.0, "outcome_file": "/opt/ml/output/data/run.json",
+            "hang_timeout": 600.0, "hang_start_timeout": 900.0, "outcome_file": "/opt/ml/output/data/run.json",
             "instance_groups": ("train", "data"), "restart_on": ("hang", "worker_exit")}[spec.name]
     text = ",".join(f"{k}={v}" for k, v in good.items()) if isinstance(good, dict) else good
     for key in ("launcher-" + spec.name.replace("_", "-"), "launcher_" + spec.name):

@@ -1,0 +1,217 @@
+"""What counts as progress, and which hang timeout is in force (launcher/bootstrap.py's sampler,
+launcher/progress.py, launcher/hangtimeout.py): real threads sampled, the timeout rule on any job history.
+
+The sampler is tried on a real thread in each state the hangs page names: blocked on a lock, in a read,
+in a sleep, in a one-line endless loop (one frame and line for ever: still), and in loops that call a
+function again and again or go round several lines (moving; the loop is seen to come round).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher import bootstrap, hangtimeout, progress
+from launcher.errors import ConfigError
+
+LOOKS = 8  # looks at a thread, PERIOD apart
+
+
+class Running:
+    """``work(stop)`` in a daemon thread until the test ends (it must return when ``stop`` is set, or never
+    block for good: a blocked one is released through ``release``)."""
+
+    def __init__(self, work: Callable[[threading.Event], None], release: Callable[[], None] = lambda: None):
+        self.stop, self.release = threading.Event(), release
+        STOP[0] = False
+        self.thread = threading.Thread(target=work, args=(self.stop,), daemon=True)
+        self.thread.start()
+        time.sleep(0.2)  # it reached its state
+
+    def looks(self, count: int = LOOKS) -> list[tuple[bool, bool]]:
+        sampler = bootstrap.Sampler(self.thread.ident)
+        seen = []
+        for _ in range(count + 1):
+            seen.append(sampler.look())
+            time.sleep(bootstrap.PERIOD)
+        return seen[1:]  # the first look always moves (nothing seen before)
+
+    def end(self) -> None:
+        self.stop.set()
+        STOP[0] = True
+        self.release()
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive()
+
+
+STOP = [False]  # a one-line loop that calls nothing: no new frame ever
+
+
+def one_line_loop(stop: threading.Event) -> None:
+    while not STOP[0]: pass  # noqa: E701
+
+
+def square(i: int) -> int:
+    return i * i
+
+
+def calls_a_function(stop: threading.Event) -> None:
+    while not stop.is_set(): square(3)  # noqa: E701
+
+
+def a_loop_of_lines(stop: threading.Event) -> None:
+    total = 0
+    while not stop.is_set():
+        total += square(total % 7)
+        total -= square(total % 5)
+        total = total % 7
+
+
+@pytest.mark.parametrize("state", ["lock", "read", "sleep", "one-line loop"])
+def test_a_thread_that_waits_or_spins_on_one_line_is_still(state: str) -> None:
+    read_end, write_end = os.pipe()
+    lock = threading.Lock()
+    lock.acquire()
+    works = {"lock": lambda stop: lock.acquire(), "read": lambda stop: os.read(read_end, 1),
+             "sleep": lambda stop: stop.wait(60), "one-line loop": one_line_loop}
+    releases = {"lock": lock.release, "read": lambda: os.write(write_end, b"x")}
+    running = Running(works[state], release=releases.get(state, lambda: None))
+    try:
+        seen = running.looks()
+    finally:
+        running.end()
+        os.close(read_end)
+        os.close(write_end)
+    assert seen == [(False, False)] * LOOKS
+
+
+@pytest.mark.parametrize("work", [calls_a_function, a_loop_of_lines])
+def test_a_thread_that_calls_again_or_goes_round_moves_and_comes_round(work: Callable) -> None:
+    running = Running(work)
+    try:
+        seen = running.looks(3 * LOOKS)
+    finally:
+        running.end()
+    # Where a look lands depends on where the thread lets the GIL go (a call, a jump back): a look may land
+    # on the same frame and line as the last one; most do not (96-99 % moved on a quiet machine).
+    assert sum(moved for moved, _ in seen) >= LOOKS // 2, seen
+    if work is a_loop_of_lines:
+        assert any(stepped for _, stepped in seen), seen
+
+
+def test_the_sampler_beats_the_launchers_socket_and_lines_stop_counting(tmp_path: object) -> None:
+    prog = progress.Progress()
+    prog.feed(b"[rank0]:starting\n[rank1]:starting\n")
+    assert prog.last_step() is not None and set(prog.last()) == {0, 1}
+    beats, stop = progress.BeatSocket(str(tmp_path)), threading.Event()
+    thread = None
+    try:
+        thread = bootstrap.start_sampler({bootstrap.BEAT_VARIABLE: beats.path, "RANK": "0"}, stop)
+        assert thread is not None and thread.daemon
+        deadline = time.monotonic() + 30
+        while 0 not in prog.beating and time.monotonic() < deadline:
+            time.sleep(0.05)
+            beats.drain(prog)
+        assert 0 in prog.beating and prog.beats == 0  # sampled: no explicit beat
+    finally:
+        stop.set()
+        beats.close()
+        if thread is not None:
+            thread.join(timeout=10)
+            assert not thread.is_alive()
+    heard, stepped = prog.last(), dict(prog.stepped)
+    prog.feed(b"[rank0]:a status thread's line\n[rank1]:a line\n")
+    assert prog.last()[0] == heard[0] and prog.stepped[0] == stepped[0]  # rank 0 is sampled: its lines prove nothing
+    assert prog.last()[1] > heard[1] and prog.stepped[1] > stepped[1]  # rank 1 has only its lines
+    line_step = prog.stepped[1]
+    prog.beat(1, b"~moved")  # moving is no step; an explicit beat is
+    assert prog.stepped[1] == line_step and prog.last()[1] > line_step and prog.beats == 0
+    prog.beat(1, b"eval")
+    assert prog.stepped[1] > line_step and prog.beats == 1
+    assert bootstrap.start_sampler({"RANK": "0"}) is None
+    assert bootstrap.start_sampler({bootstrap.BEAT_VARIABLE: "/x", "RANK": "0", "DDP_LAUNCHER_SAMPLE": "0"}) is None
+
+
+gaps = st.lists(st.floats(min_value=0.01, max_value=5000), min_size=0, max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(gaps, st.sampled_from([0, 1]), st.floats(min_value=1, max_value=3000))
+def test_the_learned_timeout_is_the_start_bound_then_bounded_and_never_shrinks(steps: list[float], gpus: int,
+                                                                               start: float) -> None:
+    rule = hangtimeout.policy(None, start, gpus, {})
+    clock = hangtimeout.Clock(rule)
+    assert clock.timeout()[0] == rule.start
+    now, before = 10.0, 0.0
+    for i, gap in enumerate(steps):
+        now += gap
+        clock.observe(now)
+        value, why = clock.timeout()
+        if i < hangtimeout.WARMUP:  # the first event ends no gap: i gaps so far
+            assert value == rule.start and "start" in why
+        else:
+            assert rule.floor <= value <= rule.ceiling and "learned" in why
+            assert value >= before
+            learned = steps[1:i + 1][hangtimeout.SKIP:]
+            assert value == pytest.approx(min(rule.ceiling, max(rule.floor, hangtimeout.MULTIPLE * max(learned))))
+            before = value
+    clock.observe(now)  # no new step: a silence that has not ended teaches nothing
+    assert clock.timeout()[0] == (before or rule.start)
+    assert rule.ceiling == (hangtimeout.CEILING_GPU if gpus else hangtimeout.CEILING_CPU)
+
+
+@settings(max_examples=100, deadline=None)
+@given(gaps, st.floats(min_value=0.5, max_value=3000))
+def test_a_fixed_timeout_holds_after_the_start_whatever_the_steps(steps: list[float], fixed: float) -> None:
+    clock = hangtimeout.Clock(hangtimeout.policy(fixed, 540, 0, {}))
+    assert clock.timeout()[0] == max(fixed, 540)
+    clock.observe(None, running=10)
+    assert clock.timeout()[0] == max(fixed, 540)
+    now = 10.0
+    for gap in steps:
+        now += gap
+        clock.observe(now)
+        assert clock.timeout() == (fixed, f"{fixed:g} s (--hang-timeout)")
+    clock.restart()  # the workers ended: a new start
+    assert clock.timeout()[0] == max(fixed, 540)
+
+
+def test_without_a_step_a_fixed_timeout_applies_once_the_start_bound_has_passed() -> None:
+    clock = hangtimeout.Clock(hangtimeout.policy(20, 60, 0, {}))
+    clock.observe(None, running=59)
+    assert clock.timeout()[0] == 60
+    clock.observe(None, running=60)
+    assert clock.timeout()[0] == 20
+
+
+def test_the_floor_is_lowered_only_by_a_valid_test_variable() -> None:
+    assert hangtimeout.policy(None, 540, 0, {hangtimeout.FLOOR_ENV: "3"}).floor == 3
+    assert "tests only" in hangtimeout.policy(None, 540, 0, {hangtimeout.FLOOR_ENV: "3"}).describe()
+    for bad in ("0", "-1", "nan", "inf", "301", "x", ""):
+        with pytest.raises(ConfigError, match=hangtimeout.FLOOR_ENV):
+            hangtimeout.policy(None, 540, 0, {hangtimeout.FLOOR_ENV: bad})
+
+
+@pytest.mark.parametrize("options, environ, says", [
+    ([], {}, "hangs:     learned: 5 x the longest gap between steps, after 16 gaps (the first 2 not counted), "
+             "at least 300 s, at most 1800 s; until the first step 540 s (--hang-start-timeout)"),
+    (["--hang-timeout", "30", "--hang-start-timeout", "20"], {},
+     "hangs:     30 s between progress events (--hang-timeout); until the first step 30 s"),
+    ([], {hangtimeout.FLOOR_ENV: "2"}, "at least 2 s (lowered by DDP_LAUNCHER_TEST_HANG_FLOOR: tests only)"),
+    (["--hang-timeout", "0"], {}, "hangs:     off (--hang-timeout 0)"),
+])
+def test_the_dry_run_says_which_timeout_is_in_force(options: list[str], environ: dict[str, str], says: str) -> None:
+    from conftest import REPO
+
+    from launcher import cli
+
+    script = os.path.join(REPO, "tests", "scripts", "hang_worker.py")
+    plan = cli.plan(["--platform", "local", "--dry-run", *options, script], {"PATH": "/usr/bin", **environ})
+    assert says in cli.describe(plan, False)
+    assert (plan.hang is None) == (options[-1:] == ["0"])

@@ -1,0 +1,115 @@
+"""Progress is the training loop's, the start has its own bound, the default is learned: real gloo jobs on
+namespaced hosts (``simulate --network netns``), 2 hosts of one rank each.
+
+- a rank deadlocks while a thread of every rank keeps printing: a hang, the deadlocked rank named (the
+  printing proves nothing: the bootstrap samples the main threads);
+- a start that holds one frame longer than the timeout between steps, then three phases longer than it
+  without a line or a beat (a silent computation, a checkpoint written in pieces, an evaluation): exit 0;
+- no ``--hang-timeout``, regular steps, a rank that skips a collective after the warm-up: a hang, named,
+  within the learned timeout (the floor lowered by the test-only variable, so that it takes seconds).
+
+Each test proves that nothing is left (processes, work directory, the machine's network).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+import pytest
+from conftest import REPO, assert_gone, launcher_env
+from test_hang_jobs import BOUND
+from test_simulate import Simulate, job_pids, processes_inside, rank_records, read_json
+from test_simulate_netns import machine  # noqa: F401  (machine: a fixture used below)
+
+from launcher import codes, hangtimeout
+from launcher.simulate import netns
+
+WHY_NOT = netns.unavailable()
+pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}"),
+              pytest.mark.usefixtures("machine"), pytest.mark.job, pytest.mark.lab]
+
+WORKER = os.path.join(REPO, "tests", "scripts", "progress_worker.py")
+HANG_WORKER = os.path.join(REPO, "tests", "scripts", "hang_worker.py")
+TIMEOUT = 8.0  # the timeout between steps
+START = 120.0  # the start's bound: above a loaded machine's torch import, which a sampler sees moving anyway
+FLOOR = 4.0  # the learned timeout's floor in the learned test (DDP_LAUNCHER_TEST_HANG_FLOOR)
+
+
+def line_of(mark: str, script: str) -> int:
+    """The script's line carrying ``# at:<mark>``."""
+    with open(script, encoding="utf-8") as fh:
+        return next(i for i, line in enumerate(fh, 1) if line.rstrip().endswith(f"# at:{mark}"))
+
+
+def run(tmp_path: Any, name: str, script: str, *script_args: str, env: dict[str, str] | None = None) -> dict:
+    """Run the job on 2 namespaced hosts to its end; prove nothing is left; exit codes, reports, timing."""
+    workdir = str(tmp_path / name)
+    sim = Simulate(["--hosts", "2", "--workdir", workdir, "--job-name", name, "--network", "netns",
+                    "--platform-stop", "off", "--deadline", "300", "--", script, *script_args,
+                    "--launcher-hang-start-timeout", f"{START:g}"], str(tmp_path), launcher_env(**(env or {})))
+    try:
+        code = sim.finish()
+        ended = time.time()
+    finally:
+        if sim.proc.poll() is None:
+            sim.abort()
+    summary = read_json(os.path.join(workdir, "summary.json"))
+    records = rank_records(workdir, 2)
+    assert_gone(job_pids(records, sim.proc.pid, summary))
+    assert processes_inside(workdir) == []
+    assert not summary["deadline_reached"], sim.stderr[-3000:]
+    reports = {}
+    for host in (h["host"] for h in summary["hosts"]):
+        path = os.path.join(workdir, host, "output", "failure")
+        reports[host] = None
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as fh:
+                reports[host] = fh.read()
+    hung = [r["hung_at"] for recs in records.values() for r in recs if r["hung_at"] is not None]
+    return {"code": code, "summary": summary, "reports": reports, "stderr": sim.stderr, "stdout": sim.stdout,
+            "since_hang": ended - min(hung) if hung else None}
+
+
+def check_hang(result: dict, culprit: str, timeout: float) -> None:
+    """124 on both hosts, each report names ``culprit`` first, the end came within the timeout + the bound."""
+    assert result["code"] == codes.HANG_CODE, result["stderr"][-4000:]
+    for host in result["summary"]["hosts"]:
+        assert host["exit_code"] == codes.HANG_CODE, (host, result["stderr"][-3000:])
+        report = result["reports"][host["host"]] or ""
+        found = re.match(r"hang: no progress for (\d+) s; ", report)
+        assert found and timeout - 1 <= int(found.group(1)) <= timeout + 5, (report, result["stderr"][-3000:])
+        assert report[found.end():].startswith(culprit), (report, result["stderr"][-3000:])
+    assert result["since_hang"] <= timeout + BOUND, result["since_hang"]
+
+
+def test_a_deadlock_while_every_rank_prints_is_a_hang_and_named(tmp_path: Any) -> None:
+    result = run(tmp_path, "printer", WORKER, "--mode", "printer", "--rank", "1", "--at-step", "30",
+                 "--launcher-hang-timeout", f"{TIMEOUT:g}")
+    assert "status: still here" in result["stdout"]  # the threads printed to the end
+    check_hang(result, f"rank 1 (algo-2) at progress_worker.py:{line_of('deadlock', WORKER)} in deadlock",
+               TIMEOUT)
+
+
+def test_a_slow_start_and_silent_phases_are_no_hang(tmp_path: Any) -> None:
+    result = run(tmp_path, "healthy", WORKER, "--mode", "healthy", "--steps", "20",
+                 "--slow-start", f"{TIMEOUT * 1.5:g}", "--quiet-phase", f"{TIMEOUT * 1.2:g}",
+                 "--launcher-hang-timeout", f"{TIMEOUT:g}")
+    assert result["code"] == 0, result["stderr"][-4000:]
+    assert all(h["exit_code"] == 0 for h in result["summary"]["hosts"])
+    assert "hang:" not in result["stderr"] and set(result["reports"].values()) == {None}
+    assert result["since_hang"] >= 3 * TIMEOUT * 1.2  # the three silent phases ran
+    assert "until the first step 120 s" in result["stderr"]  # the log says which timeout applies
+
+
+def test_the_learned_timeout_names_a_hang_after_the_warm_up(tmp_path: Any) -> None:
+    result = run(tmp_path, "learned", HANG_WORKER, "--mode", "skip", "--rank", "1", "--at-step", "300",
+                 "--step-sleep", "0.1", env={hangtimeout.FLOOR_ENV: f"{FLOOR:g}"})
+    learned = [float(m) for m in re.findall(r"hang timeout: ([\d.]+) s\S*(?: \(the \w+\))?, learned", result["stderr"])]
+    assert learned, result["stderr"][-4000:]  # the warm-up ended before the hang, and the log said so
+    assert FLOOR <= learned[-1] < START
+    culprit = f"rank 1 (algo-2) at hang_worker.py:{line_of('skip', HANG_WORKER)} in wait_for_peer"
+    check_hang(result, culprit, learned[-1])
+    print(f"\nlearned {learned}, ended {result['since_hang']:.1f} s after the hang")
