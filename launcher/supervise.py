@@ -281,11 +281,10 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
     while True:
         deadline = stop.deadline
         tick = STOPPING_TICK if stop.workers is not None and not resumed else TICK
-        try:
-            timeout = tick if deadline is None else max(0.0, min(tick, deadline - time.monotonic()))
-            return proc.wait(timeout=timeout), after_grace, no_rendezvous
-        except subprocess.TimeoutExpired:
-            pass
+        timeout = tick if deadline is None else max(0.0, min(tick, deadline - time.monotonic()))
+        returncode = proctree.wait_exit(proc, timeout)
+        if returncode is not None:
+            return returncode, after_grace, no_rendezvous
         proctree.reap_orphans([proc.pid, watchdog.pid], watchdog)
         if killed:
             continue
