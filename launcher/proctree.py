@@ -81,9 +81,37 @@ def descendants(roots: Iterable[int], parents: Optional[dict[int, int]] = None) 
 
 
 def children_of(pid: int, zombies: bool = False) -> list[int]:
-    """The direct children of ``pid``: the living ones, and the exited unreaped ones if asked."""
-    return [child for child, (parent, state) in _process_table().items()
-            if parent == pid and (zombies or state != b"Z")]
+    """The direct children of ``pid``: the living ones, and the exited unreaped ones if asked.
+
+    Read from ``pid``'s own ``/proc/PID/task/*/children`` files (one per thread, Linux 3.5+): a few
+    reads where the whole process table is hundreds (the hang watch asks every second, on every host).
+    """
+    listed = _listed_children(pid)
+    if listed is None:
+        return [child for child, (parent, state) in _process_table().items()
+                if parent == pid and (zombies or state != b"Z")]
+    found = []
+    for child in listed:
+        fields = _stat(child)
+        if fields and int(fields[1]) == pid and (zombies or fields[0][:1] != b"Z"):
+            found.append(child)
+    return found
+
+
+def _listed_children(pid: int) -> Optional[list[int]]:
+    """The PIDs in ``pid``'s threads' ``children`` files; None where the kernel has no such files."""
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+        return None
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []  # it has exited
+    listed: list[int] = []
+    for thread in threads:
+        # a thread that ended meanwhile has no file
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{thread}/children", "rb") as fh:
+            listed.extend(int(child) for child in fh.read().split())
+    return listed
 
 
 def state(pid: int) -> Optional[str]:

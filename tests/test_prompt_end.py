@@ -1,8 +1,10 @@
-"""The end of a job waits on events, not on polls: torchrun's exit (a pidfd) and the hang watch's close.
+"""The launcher's own waits and looks cost little: the end of a job waits on events, not on polls, and
+a process's children are read from its own /proc files, not from the whole process table.
 
 Each is proven by an event, never by a time: the hang watch's thread ends on close although its
 select would wait an hour; ``proctree.wait_exit`` gives the code of a process that exited, None for one
-that runs, and the same without pidfds. What these save per job is measured in ``bench/bench_start.py``.
+that runs, and the same without pidfds; ``children_of`` agrees with the process table (children
+started by any thread, zombies). What these save per job is measured in ``bench/bench_start.py``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from conftest import assert_gone
@@ -65,3 +68,36 @@ def test_without_a_beat_socket_the_thread_ends_on_close_too(monkeypatch):
     watch.attach(lambda _grace, _why: None, os.getpid())
     watch.close()
     assert not watch.thread.is_alive()
+
+
+def from_the_table(pid, zombies):
+    return sorted(c for c, (parent, state) in proctree._process_table().items()
+                  if parent == pid and (zombies or state != b"Z"))
+
+
+def test_children_are_read_from_the_parents_own_files_and_agree_with_the_table(monkeypatch):
+    sleeper = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    children = [subprocess.Popen(sleeper)]
+    started = threading.Thread(target=lambda: children.append(subprocess.Popen(sleeper)))  # another thread's child
+    started.start()
+    started.join()
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        while proctree.state(exited.pid) != "Z":  # exited, not reaped: a zombie
+            proctree.wait_exit(children[0], 0.01)
+        me = os.getpid()
+        assert sorted(proctree.children_of(me)) == from_the_table(me, False)
+        assert {p.pid for p in children} <= set(proctree.children_of(me)) and exited.pid not in proctree.children_of(me)
+        assert sorted(proctree.children_of(me, zombies=True)) == from_the_table(me, True)
+        assert exited.pid in proctree.children_of(me, zombies=True)
+        monkeypatch.setattr(proctree, "_listed_children", lambda _pid: None)  # a kernel without the files
+        assert sorted(proctree.children_of(me, zombies=True)) == from_the_table(me, True)
+        monkeypatch.undo()
+        assert proctree.children_of(exited.pid) == []  # a zombie has no threads and no children
+    finally:
+        for proc in children:
+            proc.kill()
+        for proc in (*children, exited):
+            proc.wait()
+    assert_gone([p.pid for p in children])
+    assert proctree.children_of(children[0].pid) == []  # gone
