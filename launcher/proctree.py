@@ -98,6 +98,24 @@ def children_of(pid: int, zombies: bool = False) -> list[int]:
     return found
 
 
+def _tree_table(root: int) -> dict[int, tuple[int, bytes]]:
+    """PID -> (parent PID, state letter) for ``root`` and every descendant (zombies too), walked down the
+    ``children`` files: a few dozen reads for a job, where the whole process table is every process of
+    the machine (the launcher looks twice a second). The whole table where the kernel has no such files."""
+    if _listed_children(root) is None:
+        return _process_table()
+    table: dict[int, tuple[int, bytes]] = {}
+    queue = [root]
+    while queue:
+        parent = queue.pop()
+        for child in _listed_children(parent) or []:
+            fields = _stat(child)
+            if fields and int(fields[1]) == parent and child not in table:
+                table[child] = (parent, fields[0][:1])
+                queue.append(child)
+    return table
+
+
 def _listed_children(pid: int) -> Optional[list[int]]:
     """The PIDs in ``pid``'s threads' ``children`` files; None where the kernel has no such files."""
     if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
@@ -258,7 +276,7 @@ def reap_orphans(keep: Iterable[int], watchdog: Optional[Watchdog] = None) -> in
     ``watchdog`` to kill should the launcher die, and a watchdog that died is noticed.
     """
     reaped, spared, me = 0, set(keep), os.getpid()
-    table = _process_table()
+    table = _tree_table(me)
     for pid, (parent, letter) in table.items():
         if parent == me and pid not in spared and letter == b"Z":
             with contextlib.suppress(ChildProcessError):

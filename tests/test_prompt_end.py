@@ -101,3 +101,29 @@ def test_children_are_read_from_the_parents_own_files_and_agree_with_the_table(m
             proc.wait()
     assert_gone([p.pid for p in children])
     assert proctree.children_of(children[0].pid) == []  # gone
+
+
+def test_the_tree_walked_down_the_children_files_is_the_tree_of_the_table():
+    # a child with a grandchild, a zombie child: the walk finds what the whole table says, with states
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])\n"
+                               "print('ready', flush=True); time.sleep(3600)"], stdout=subprocess.PIPE)
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        assert parent.stdout.readline() == b"ready\n"  # type: ignore[union-attr]
+        while proctree.state(exited.pid) != "Z":
+            proctree.wait_exit(parent, 0.01)
+        me, table = os.getpid(), proctree._process_table()
+        below = {pid: table[pid] for pid in proctree.descendants([me], {p: v[0] for p, v in table.items()})}
+        below.update({pid: entry for pid, entry in table.items() if entry[0] == me})  # zombies too
+        walked = proctree._tree_table(me)
+        assert walked == below and exited.pid in walked and len(walked) >= 3
+        grandchildren = [pid for pid, (up, _state) in walked.items() if up == parent.pid]
+        assert len(grandchildren) == 1
+        assert proctree.reap_orphans([parent.pid]) == 1 and proctree.state(exited.pid) is None  # the zombie reaped
+    finally:
+        pids = proctree.descendants([parent.pid])
+        proctree.kill_tree([parent.pid])
+        parent.wait()
+        exited.poll()
+    assert_gone([parent.pid, *pids])
