@@ -350,6 +350,7 @@ class Watchdog:
     def __init__(self, log: Callable[[str], None] = lambda _message: None) -> None:
         self._log = log
         self._tracked: set[int] = set()
+        self._told: set[int] = set()  # the re-parented ones said in a log line
         self._lost = False
         read_fd, self._write_fd = os.pipe()
         self.pid = os.fork()
@@ -429,18 +430,23 @@ class Watchdog:
     def track(self, pids: dict[int, bool], living: set[int]) -> None:
         """Kill these processes and their trees if the launcher dies, even once they left its tree;
         each is known by PID and start time, told once. ``pids`` maps each to whether it is a daemon
-        re-parented to the launcher (said in a log line); ``living`` (every living PID) lets the
+        re-parented to the launcher (said in a log line); ``living`` (every living PID of the tree) lets the
         record of processes that ended be dropped."""
         for pid, reparented in pids.items():
-            started = start_time(pid) if pid not in self._tracked else None
-            if started is None:
-                continue
-            self._tracked.add(pid)
-            self._send("track", b"%d %d" % (pid, started))
-            if reparented:
+            if pid not in self._tracked:
+                started = start_time(pid)
+                if started is None:
+                    continue
+                self._tracked.add(pid)
+                self._send("track", b"%d %d" % (pid, started))
+            # said once, also when it was first seen still under its parent (a daemon's middle process
+            # that had not yet exited: a loaded machine's race)
+            if reparented and pid not in self._told:
+                self._told.add(pid)
                 self._log(f"process {pid} left torchrun's tree (re-parented to the launcher): it is ended "
                           "with the job")
         if len(self._tracked) > TRACKED_PRUNE:
+            self._told &= living
             self._tracked &= living
             self._send("living", b" ".join(b"%d" % pid for pid in sorted(self._tracked)))
 
