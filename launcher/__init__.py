@@ -49,6 +49,7 @@ names every module and only modules that exist):
 - ``generations``: this host's generations of a restarted job: supervise, tell node 0, start the next one.
 - ``outcome``: how torchrun ended, as the supervisor hands it on.
 - ``codes``: the classes of a run's outcome and their exit codes.
+- ``oom``: the kernel's OOM-kill counters (the cgroup's, else the machine's): out of memory told apart from a SIGKILL.
 - ``failure``: torchrun's evidence: the root cause, the code the worker asked for, the report's text and file.
 - ``report``: the verdict: class, exit code and report (the job watch's cause first, one limit per platform),
   the no-rendezvous diagnosis, and the outcome file (``docs/outcome.schema.json``).

@@ -16,7 +16,8 @@ Exit codes, by class (launcher/codes.py; the outcome file names the class, see -
   0      success        every worker succeeded
   N      worker_exit    the root-cause worker's own code (sys.exit(N); 1 for an exception), kept when
                         it then crashed in interpreter teardown
-  128+N  worker_signal  the root-cause worker died of signal N (137: SIGKILL, e.g. the OOM killer)
+  128+N  worker_signal  the root-cause worker died of signal N (not the OOM killer's)
+  137    out_of_memory  the kernel's OOM killer killed it (its cgroup's oom_kill count rose meanwhile)
   137    host_lost      another host went silent or vanished (several nodes: the job watch)
   124    hang           no rank made progress for the hang timeout
   93     no_progress    --max-restarts: a restart did not help (the same failure again, no progress)
@@ -269,7 +270,7 @@ def run(p: Plan, environ: Mapping[str, str], clock: Optional[Clock] = None) -> i
 
 
 def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Clock, str]:
-    from launcher import failure, proctree  # not needed by --dry-run: imported here to keep start-up short
+    from launcher import failure, oom, proctree  # not needed by --dry-run: imported here to keep start-up short
     from launcher.supervise import supervise
 
     c = p.cluster
@@ -312,6 +313,7 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
             log("hang detection off: with several hosts it needs the job watch")
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
         rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 and not outside else None
+        memory = oom.snapshot()  # the kernel's OOM-kill count before: a worker's SIGKILL is then told apart
         clock = clock._replace(torchrun=time.time())
         if _restarts_on(p, watch):
             from launcher.generations import run_generations
@@ -324,7 +326,9 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
         if hangs is not None:
             hangs.close()  # a hang being decided is finished first
         clock = clock._replace(first_worker=failure.first_worker_start(p.launch.exit_dir))
-        verdict, text = report.judge(c, options, p.choice.platform, p.launch, outcome, watch, hangs, outside)
+        if last is not None:
+            memory = last.memory  # the last generation's count before it started
+        verdict, text = report.judge(c, options, p.choice.platform, p.launch, outcome, watch, hangs, outside, memory)
         if last is not None:
             verdict, text = last.verdict(verdict, text, p.choice.platform.report_limit or report.DEFAULT_LIMIT, log)
         if outside and verdict.code == 0 and watch is not None and watch.training_ended:

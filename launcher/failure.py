@@ -72,6 +72,7 @@ class RootCause(NamedTuple):
     detail: str  # traceback or stderr tail
     asked: Optional[int] = None  # the code the script asked for, when teardown then ended it otherwise
     teardown: str = ""  # what ended it in teardown: "aborted: terminate called without an active exception"
+    oom: str = ""  # the OOM killer's evidence when it sent the SIGKILL (launcher.oom.evidence)
 
 
 def signal_name(number: int) -> str:
@@ -377,6 +378,9 @@ def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause
     if outcome.stop_signal is not None:
         head = (f"{host}: stopped by {signal_name(outcome.stop_signal)} and the workers did not finish "
                 f"cleanly (exit code {code})")
+    elif cause is not None and cause.oom:
+        who = "torchrun" if cause.rank is None else f"rank {cause.rank} (local rank {cause.local_rank})"
+        head = f"{host}: {who} ran out of memory: was killed by SIGKILL from the kernel's OOM killer (exit code {code})"
     elif cause is None or cause.rank is None:
         head = f"{host}: torchrun failed before or around the workers (exit code {code})"
         if rendezvous:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from launcher import codes, failure, report, restart
+from launcher import codes, failure, oom, report, restart
 from launcher.command import for_generation, generation_port
 from launcher.jobwatch import report_head
 from launcher.outcome import Outcome
@@ -38,6 +38,7 @@ class History:
         self.budget = budget
         self.records: list[dict[str, Any]] = []
         self.last: Optional[restart.Decision] = None
+        self.memory: Optional[oom.Counter] = None  # the OOM-kill count before the last generation started
 
     def verdict(self, verdict: report.Verdict, text: str, limit: int,
                 log: Callable[[str], None]) -> tuple[report.Verdict, str]:
@@ -60,7 +61,8 @@ class History:
         return verdict._replace(restarts=tuple(self.records)), text
 
 
-def _own_end(p: Any, launch: Any, outcome: Outcome, hangs: Any, watch: Any, moved: bool) -> restart.End:
+def _own_end(p: Any, launch: Any, outcome: Outcome, hangs: Any, watch: Any, moved: bool,
+             memory: Optional[oom.Counter]) -> restart.End:
     """How this host's generation ended, as node 0 needs it."""
     c = p.cluster
     node, host = c.node_rank, c.current_host
@@ -69,7 +71,7 @@ def _own_end(p: Any, launch: Any, outcome: Outcome, hangs: Any, watch: Any, move
 
         return restart.End(node, host, codes.HANG_CODE, codes.HANG, "hang", report_head(hang_report(hangs, 600)),
                            True, moved)
-    cause = failure.find_root_cause(outcome, launch)
+    cause = report.out_of_memory(outcome, failure.find_root_cause(outcome, launch), memory)
     found = failure.exit_code(outcome, cause)
     klass = report.classify(outcome, cause, found)
     code = report.code_of(klass, found)
@@ -120,6 +122,7 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
                 hangs = hangwatch.for_cluster(c, p.hang, launch.run_dir, log, watch)
                 hangs.nccl_env = launch.environment(environ)
             steps = _steps(launch.run_dir, hangs, log, pending, failed_at)
+            history.memory = oom.snapshot()  # a SIGKILL of this generation is told apart by its own count
             try:
                 outcome = supervise(launch, environ, p.grace_period, log, watchdog, watch, rendezvous_timeout,
                                     hangs, quick_end=True)
@@ -130,7 +133,7 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
                 history.records[-1]["seconds_to_first_step"] = steps.to_first_step
             if hangs is not None:
                 hangs.close()
-            end = _own_end(p, launch, outcome, hangs, watch, steps.moved())
+            end = _own_end(p, launch, outcome, hangs, watch, steps.moved(), history.memory)
             if signals and outcome.stop_signal is None:
                 return outcome._replace(stop_signal=signals[0]), hangs, history
             if watch is None:

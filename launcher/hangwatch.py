@@ -118,10 +118,15 @@ class HangWatch:
             self.thread.start()
 
     def close(self) -> None:
-        """Stop the thread; a decision under way (stacks being read) is finished first (bounded)."""
+        """Stop the thread; a decision under way (stacks being read) is finished first (bounded).
+
+        The thread is woken at once (its select or sleep would otherwise end the launcher up to
+        :data:`TURN` later, on every host at the end of every job)."""
         self._closing.set()
         with self.changed:
             self.changed.notify_all()
+        if self.beats is not None:
+            self.beats.wake()
         if self.thread.is_alive():
             self.thread.join(timeout=FREEZE_WAIT + 2 * STACK_WAIT + 5)
         if self.beats is not None:
@@ -178,7 +183,7 @@ class HangWatch:
                 if ready:
                     self.beats.drain(self.progress)
             else:
-                time.sleep(TURN)
+                self._closing.wait(TURN)
             if self.node != 0 and self._follow():
                 return
             if time.monotonic() - judged < TICK:

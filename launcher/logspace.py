@@ -128,6 +128,8 @@ class LogTrimmer:
             now = time.monotonic()
             if now < next_trim and not self._grown():
                 continue
+            if not self.sizes and not _has_entries(self.log_dir):
+                continue  # torchrun has started no worker: no log yet (one listdir, not all of its descriptors)
             try:
                 with self._lock:
                     if not self._stop.is_set():
@@ -219,6 +221,15 @@ class LogTrimmer:
             self._thread.join(timeout=5)
         with self._lock:
             self._resume_all()
+
+
+def _has_entries(directory: str) -> bool:
+    """Whether ``directory`` holds anything (True when it cannot be read: then look as before)."""
+    try:
+        with os.scandir(directory) as entries:
+            return next(entries, None) is not None
+    except OSError:
+        return True
 
 
 def _size(path: str) -> int:

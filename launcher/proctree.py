@@ -80,15 +80,87 @@ def descendants(roots: Iterable[int], parents: Optional[dict[int, int]] = None) 
     return found
 
 
-def children_of(pid: int) -> list[int]:
-    """The living direct children of ``pid``."""
-    return [child for child, (parent, state) in _process_table().items() if parent == pid and state != b"Z"]
+def children_of(pid: int, zombies: bool = False) -> list[int]:
+    """The direct children of ``pid``: the living ones, and the exited unreaped ones if asked.
+
+    Read from ``pid``'s own ``/proc/PID/task/*/children`` files (one per thread, Linux 3.5+): a few
+    reads where the whole process table is hundreds (the hang watch asks every second, on every host).
+    """
+    listed = _listed_children(pid)
+    if listed is None:
+        return [child for child, (parent, state) in _process_table().items()
+                if parent == pid and (zombies or state != b"Z")]
+    found = []
+    for child in listed:
+        fields = _stat(child)
+        if fields and int(fields[1]) == pid and (zombies or fields[0][:1] != b"Z"):
+            found.append(child)
+    return found
+
+
+def _tree_table(root: int) -> dict[int, tuple[int, bytes]]:
+    """PID -> (parent PID, state letter) for ``root`` and every descendant (zombies too), walked down the
+    ``children`` files: a few dozen reads for a job, where the whole process table is every process of
+    the machine (the launcher looks twice a second). The whole table where the kernel has no such files."""
+    if _listed_children(root) is None:
+        return _process_table()
+    table: dict[int, tuple[int, bytes]] = {}
+    queue = [root]
+    while queue:
+        parent = queue.pop()
+        for child in _listed_children(parent) or []:
+            fields = _stat(child)
+            if fields and int(fields[1]) == parent and child not in table:
+                table[child] = (parent, fields[0][:1])
+                queue.append(child)
+    return table
+
+
+def _listed_children(pid: int) -> Optional[list[int]]:
+    """The PIDs in ``pid``'s threads' ``children`` files; None where the kernel has no such files."""
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+        return None
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []  # it has exited
+    listed: list[int] = []
+    for thread in threads:
+        # a thread that ended meanwhile has no file
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{thread}/children", "rb") as fh:
+            listed.extend(int(child) for child in fh.read().split())
+    return listed
 
 
 def state(pid: int) -> Optional[str]:
     """The process's state letter (``R``, ``S``, ``T`` stopped, ``Z`` zombie...); None if it is gone."""
     fields = _stat(pid)
     return fields[0][:1].decode() if fields else None
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float) -> Optional[int]:
+    """``proc``'s return code once it exits within ``timeout`` seconds, else None.
+
+    Woken by the exit itself (a pidfd, Linux 5.3+), not by polling: ``Popen.wait(timeout)`` polls
+    with sleeps of up to 50 ms, so the end of every job was noticed up to 50 ms late.
+    """
+    if proc.returncode is None and hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except OSError:  # an older kernel, or already reaped
+            fd = -1
+        if fd >= 0:
+            import select  # the pidfd path only
+
+            try:
+                select.select([fd], [], [], timeout)
+            finally:
+                os.close(fd)
+            return proc.poll()
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def start_time(pid: int) -> Optional[int]:
@@ -196,7 +268,7 @@ def reap_orphans(keep: Iterable[int], watchdog: Optional[Watchdog] = None) -> in
     ``watchdog`` to kill should the launcher die, and a watchdog that died is noticed.
     """
     reaped, spared, me = 0, set(keep), os.getpid()
-    table = _process_table()
+    table = _tree_table(me)
     for pid, (parent, letter) in table.items():
         if parent == me and pid not in spared and letter == b"Z":
             with contextlib.suppress(ChildProcessError):
@@ -270,6 +342,7 @@ class Watchdog:
     def __init__(self, log: Callable[[str], None] = lambda _message: None) -> None:
         self._log = log
         self._tracked: set[int] = set()
+        self._told: set[int] = set()  # the re-parented ones said in a log line
         self._lost = False
         read_fd, self._write_fd = os.pipe()
         self.pid = os.fork()
@@ -349,18 +422,23 @@ class Watchdog:
     def track(self, pids: dict[int, bool], living: set[int]) -> None:
         """Kill these processes and their trees if the launcher dies, even once they left its tree;
         each is known by PID and start time, told once. ``pids`` maps each to whether it is a daemon
-        re-parented to the launcher (said in a log line); ``living`` (every living PID) lets the
+        re-parented to the launcher (said in a log line); ``living`` (every living PID of the tree) lets the
         record of processes that ended be dropped."""
         for pid, reparented in pids.items():
-            started = start_time(pid) if pid not in self._tracked else None
-            if started is None:
-                continue
-            self._tracked.add(pid)
-            self._send("track", b"%d %d" % (pid, started))
-            if reparented:
+            if pid not in self._tracked:
+                started = start_time(pid)
+                if started is None:
+                    continue
+                self._tracked.add(pid)
+                self._send("track", b"%d %d" % (pid, started))
+            # said once, also when it was first seen still under its parent (a daemon's middle process
+            # that had not yet exited: a loaded machine's race)
+            if reparented and pid not in self._told:
+                self._told.add(pid)
                 self._log(f"process {pid} left torchrun's tree (re-parented to the launcher): it is ended "
                           "with the job")
         if len(self._tracked) > TRACKED_PRUNE:
+            self._told &= living
             self._tracked &= living
             self._send("living", b" ".join(b"%d" % pid for pid in sorted(self._tracked)))
 

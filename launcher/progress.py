@@ -136,6 +136,11 @@ class BeatSocket:
             if beat is not None:
                 progress.beat(*beat)
 
+    def wake(self) -> None:
+        """Make a select on this socket return now: an empty datagram to itself (no beat: ignored)."""
+        with contextlib.suppress(OSError):
+            self.sock.sendto(b"", self.path)
+
     def close(self) -> None:
         """Close and remove the socket file."""
         self.sock.close()

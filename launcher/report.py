@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional
 
-from launcher import __version__, codes, failure
+from launcher import __version__, codes, failure, oom
 from launcher.filewriter import replace_file
 from launcher.outcome import Outcome
 
@@ -62,6 +63,8 @@ def classify(outcome: Outcome, cause: Any, code: int) -> str:
         return codes.STOPPED
     if outcome.no_rendezvous:
         return codes.RENDEZVOUS
+    if cause is not None and cause.oom:
+        return codes.OUT_OF_MEMORY
     if cause is None or cause.rank is None:  # torchrun failed before or around the workers
         return codes.RENDEZVOUS if cause is not None and _RENDEZVOUS.search(cause.exception) else codes.WORKER_EXIT
     if cause.asked is None and cause.exitcode is not None and cause.exitcode < 0:
@@ -69,9 +72,25 @@ def classify(outcome: Outcome, cause: Any, code: int) -> str:
     return codes.WORKER_EXIT
 
 
+def out_of_memory(outcome: Outcome, cause: Any, before: Optional[oom.Counter]) -> Any:
+    """``cause`` (:class:`launcher.failure.RootCause`) with the OOM killer's evidence when its worker (or
+    torchrun) died of SIGKILL and the kernel's OOM-kill count (``before``: read before torchrun started)
+    rose since; else ``cause`` as it was. See :mod:`launcher.oom`."""
+    if cause is None or outcome.stop_signal is not None or cause.asked is not None:
+        return cause
+    died = outcome.returncode if cause.rank is None else cause.exitcode
+    if died != -signal.SIGKILL:
+        return cause
+    found = oom.evidence(before)
+    if not found:
+        return cause
+    return cause._replace(oom=found, exception=f"out of memory: the kernel's OOM killer sent SIGKILL ({found})")
+
+
 def code_of(klass: str, code: int) -> int:
     """The exit code of a class: the fixed code of a class that has one, else ``code`` (the worker's)."""
     return {codes.RENDEZVOUS: codes.RENDEZVOUS_CODE, codes.HOST_LOST: codes.HOST_LOST_CODE,
+            codes.OUT_OF_MEMORY: codes.OUT_OF_MEMORY_CODE,
             codes.HANG: codes.HANG_CODE, codes.BAD_INPUT: codes.BAD_INPUT_CODE,
             codes.NO_PROGRESS: codes.NO_PROGRESS_CODE,
             codes.INTERNAL: codes.INTERNAL_CODE}.get(klass, code)
@@ -88,6 +107,8 @@ def remote_class(kind: str, code: int, head: str) -> str:
         return codes.RENDEZVOUS
     if ": stopped by " in first:
         return codes.STOPPED
+    if " ran out of memory: " in first:
+        return codes.OUT_OF_MEMORY
     if " was killed by " in first:
         return codes.WORKER_SIGNAL
     return codes.WORKER_EXIT
@@ -149,6 +170,8 @@ def own_verdict(klass: str, code: int, outcome: Outcome, cause: Any, text: str, 
     signal = None
     if outcome.stop_signal is not None:
         signal = name(outcome.stop_signal)
+    elif klass == codes.OUT_OF_MEMORY:
+        signal = "SIGKILL"  # also when torchrun itself was the OOM killer's victim
     elif cause is not None and cause.exitcode is not None and cause.exitcode < 0:
         signal = name(-cause.exitcode)
     rank = cause.rank if cause is not None else None
@@ -210,10 +233,12 @@ def no_rendezvous_reason(master: str, port: int, node_rank: int) -> str:
 
 
 def judge(cluster: Any, options: Any, platform: Any, launch: Any, outcome: Outcome,
-          watch: Any = None, hangs: Any = None, outside: bool = False) -> tuple[Verdict, str]:
+          watch: Any = None, hangs: Any = None, outside: bool = False,
+          memory: Optional[oom.Counter] = None) -> tuple[Verdict, str]:
     """This host's verdict and report (empty on success); with a job watch, the job's root cause first.
     A hang decided by ``hangs`` (:class:`launcher.hangwatch.HangWatch`) is the job's verdict on every host.
-    ``outside``: a host outside the training world (:mod:`launcher.groups`) ran the script itself."""
+    ``outside``: a host outside the training world (:mod:`launcher.groups`) ran the script itself.
+    ``memory``: the OOM-kill counter as it was before torchrun started (:func:`launcher.oom.snapshot`)."""
     from launcher.command import address_of, master_port
 
     limit = platform.report_limit or DEFAULT_LIMIT
@@ -229,7 +254,7 @@ def judge(cluster: Any, options: Any, platform: Any, launch: Any, outcome: Outco
             codes.WORKER_SIGNAL if outcome.returncode < 0 else codes.WORKER_EXIT)
         text = groups.report(cluster, outcome, code, limit) if code != 0 else ""
     else:
-        cause = failure.find_root_cause(outcome, launch)
+        cause = out_of_memory(outcome, failure.find_root_cause(outcome, launch), memory)
         found = failure.exit_code(outcome, cause)
         klass = classify(outcome, cause, found)
         code = code_of(klass, found)

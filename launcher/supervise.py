@@ -311,11 +311,10 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
     killed = after_grace = no_rendezvous = False
     while True:
         deadline = stop.deadline
-        try:
-            timeout = TICK if deadline is None else max(0.0, min(TICK, deadline - time.monotonic()))
-            return proc.wait(timeout=timeout), after_grace, no_rendezvous
-        except subprocess.TimeoutExpired:
-            pass
+        timeout = TICK if deadline is None else max(0.0, min(TICK, deadline - time.monotonic()))
+        returncode = proctree.wait_exit(proc, timeout)
+        if returncode is not None:
+            return returncode, after_grace, no_rendezvous
         proctree.reap_orphans([proc.pid, watchdog.pid], watchdog)
         if killed:
             continue

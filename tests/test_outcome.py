@@ -25,8 +25,8 @@ from launcher.failure import RootCause
 from launcher.options import parse_invocation
 from launcher.outcome import Outcome
 
-CLASSES = (codes.SUCCESS, codes.WORKER_EXIT, codes.WORKER_SIGNAL, codes.HOST_LOST, codes.HANG, codes.RENDEZVOUS,
-           codes.STOPPED, codes.BAD_INPUT, codes.INTERNAL)
+CLASSES = (codes.SUCCESS, codes.WORKER_EXIT, codes.WORKER_SIGNAL, codes.OUT_OF_MEMORY, codes.HOST_LOST, codes.HANG,
+           codes.RENDEZVOUS, codes.STOPPED, codes.BAD_INPUT, codes.INTERNAL)
 
 
 def cause(rank=1, exitcode=7, exception="ValueError: bad", asked=None):
@@ -47,7 +47,7 @@ def cause(rank=1, exitcode=7, exception="ValueError: bad", asked=None):
 def test_each_end_has_its_class_and_code(outcome, root, code, klass):
     assert report.classify(outcome, root, code) == klass
     fixed = report.code_of(klass, code)
-    assert fixed == {codes.RENDEZVOUS: 75}.get(klass, code)
+    assert fixed == {codes.RENDEZVOUS: 75, codes.OUT_OF_MEMORY: 137}.get(klass, code)
 
 
 def test_another_hosts_cause_keeps_its_class():

@@ -89,7 +89,8 @@ report.write_outcome(path, report.outcome_data(verdict, report.Clock(time.time()
     ("host_lost:137 host_lost:137", 0, True, 0),
     ("worker_exit:7 host_lost:137", 0, True, 0),  # one node lost: the job is the infrastructure's
     ("worker_exit:7 worker_exit:7", 0, False, 7),
-    ("worker_signal:137 worker_signal:137", 0, False, 137),  # the OOM killer: 137, not retried
+    ("worker_signal:137 worker_signal:137", 0, False, 137),  # a SIGKILL: 137, not retried
+    ("out_of_memory:137 out_of_memory:137", 0, False, 137),  # the OOM killer: not retried either
     ("success:0 success:0", 0, False, 0),
     ("no_progress:93 no_progress:93", 0, False, 93),  # restarting in place did not help: never requeued
     ("rendezvous:75 rendezvous:75", 3, False, 75),  # the requeues are used up
