@@ -62,6 +62,19 @@ class Sampler:
         self.user_last = None  # (id of the code, line) of the innermost frame in the script's own code
         self.seen = set()
         self.user_code = {}  # id(code) -> whether it is the script's own code (not the library's)
+        self.exiting = threading.Event()  # the script has ended: look at no frame any more
+        self.released = threading.Event()  # the sampler's thread has let go of every frame
+
+    def finish(self, timeout=1.0):
+        """The script has ended: hold no frame of it any more, before the interpreter finalizes.
+
+        A frame held past its function's return keeps its locals alive: a frame of
+        ``destroy_process_group`` keeps the process group it destroys, whose C++ threads then meet the
+        interpreter's teardown. From now on :meth:`look` says "moving" (the process is finishing) and
+        holds nothing; this waits (at most ``timeout``) until the sampler's thread has let go."""
+        self.exiting.set()
+        self.released.wait(timeout)
+        self.frame = None
 
     def _is_user(self, code):
         known = self.user_code.get(id(code))
@@ -75,7 +88,11 @@ class Sampler:
 
     def look(self):
         """``(moved, stepped)`` since the last look. A main thread without a Python frame is finishing
-        (the interpreter's teardown, torch's own): that counts as moving."""
+        (the interpreter's teardown, torch's own): that counts as moving, as does a script that has ended."""
+        if self.exiting.is_set():
+            self.frame = None
+            self.released.set()
+            return True, False
         frame = sys._current_frames().get(self.ident)
         if frame is None:
             self.frame = None
@@ -118,13 +135,14 @@ def _sample(sampler, rank, path, stop):
 
 def start_sampler(environ, stop=None):
     """Start the sampler's thread when the launcher listens for beats (until ``stop``, an event, is set);
-    the thread, or None."""
+    the thread (its ``sampler`` attribute: the :class:`Sampler`), or None."""
     path, rank = environ.get(BEAT_VARIABLE), environ.get("RANK", "")
     if not path or not rank.isdigit() or environ.get(SAMPLE_VARIABLE) == "0":
         return None
     sampler = Sampler(threading.main_thread().ident)
     thread = threading.Thread(target=_sample, args=(sampler, int(rank), path, stop or threading.Event()),
                               name="ddp-launcher-sampler", daemon=True)
+    thread.sampler = sampler
     thread.start()
     return thread
 
@@ -194,7 +212,7 @@ def run(argv):
         os.environ["TORCHELASTIC_RESTART_COUNT"] = os.environ[GENERATION_VARIABLE]
     sys.path[0] = os.path.dirname(os.path.realpath(path))
     module = _main_module(path)
-    start_sampler(os.environ)
+    sampling = start_sampler(os.environ)
     try:
         exec(code, module.__dict__)
     except SystemExit as exc:
@@ -207,6 +225,9 @@ def run(argv):
         sys.excepthook(type(exc), exc, exc.__traceback__)
         _record(1)
         raise SystemExit(1) from None
+    finally:
+        if sampling is not None:
+            sampling.sampler.finish()
     _record(0)
 
 

@@ -215,3 +215,33 @@ def test_the_dry_run_says_which_timeout_is_in_force(options: list[str], environ:
     plan = cli.plan(["--platform", "local", "--dry-run", *options, script], {"PATH": "/usr/bin", **environ})
     assert says in cli.describe(plan, False)
     assert (plan.hang is None) == (options[-1:] == ["0"])
+
+
+def test_a_finished_script_leaves_no_frame_held_by_the_sampler() -> None:
+    # A frame held past its function's return keeps its locals alive (a process group being destroyed):
+    # once the script has ended, the sampler lets go before the interpreter finalizes.
+    import weakref
+
+    class Resource:
+        pass
+
+    held, entered, leave = [], threading.Event(), threading.Event()
+
+    def work() -> None:
+        resource = Resource()
+        held.append(weakref.ref(resource))
+        entered.set()
+        leave.wait(10)  # the innermost Python frame is this one: the sampler holds it
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    assert entered.wait(10)
+    sampler = bootstrap.Sampler(thread.ident)
+    sampler.look()
+    assert sampler.frame is not None
+    leave.set()
+    thread.join(timeout=10)
+    assert held[0]() is not None  # the returned frame, held by the sampler, keeps its local alive
+    sampler.finish(timeout=0)
+    assert held[0]() is None and sampler.frame is None
+    assert sampler.look() == (True, False) and sampler.frame is None  # finishing counts as moving
