@@ -61,7 +61,7 @@ def run_job(tmp_path: Any, hosts: int, nproc: int, *script_args: str, busy: int 
                 assert time.monotonic() < deadline, sim.stderr[-3000:]
                 time.sleep(0.1)
             loops = [subprocess.Popen([PYTHON, "-c", "while True: pass"]) for _ in range(busy)]
-        code = sim.finish()
+        code = sim.finish(timeout=300)  # simulate's --deadline 240 ends it first
     finally:
         for loop in loops:
             loop.kill()
