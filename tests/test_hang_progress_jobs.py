@@ -45,13 +45,23 @@ def line_of(mark: str, script: str) -> int:
         return next(i for i, line in enumerate(fh, 1) if line.rstrip().endswith(f"# at:{mark}"))
 
 
-def run(tmp_path: Any, name: str, script: str, *script_args: str, env: dict[str, str] | None = None) -> dict:
-    """Run the job on 2 namespaced hosts to its end; prove nothing is left; exit codes, reports, timing."""
+def run(tmp_path: Any, name: str, script: str, *script_args: str, env: dict[str, str] | None = None,
+        then: tuple[str, str] | None = None) -> dict:
+    """Run the job on 2 namespaced hosts to its end; prove nothing is left; exit codes, reports, timing.
+    ``then``: (a pattern, a file): once a line of the job's stderr matches the pattern, the file is made."""
     workdir = str(tmp_path / name)
     sim = Simulate(["--hosts", "2", "--workdir", workdir, "--job-name", name, "--network", "netns",
                     "--platform-stop", "off", "--deadline", f"{DEADLINE:g}", "--", script, *script_args,
                     "--launcher-hang-start-timeout", f"{START:g}"], str(tmp_path), launcher_env(**(env or {})))
     try:
+        if then is not None:
+            pattern, path = re.compile(then[0]), then[1]
+            waited_until = time.monotonic() + DEADLINE
+            while not any(pattern.search(line) for line in list(sim.err)) and sim.proc.poll() is None:
+                assert time.monotonic() < waited_until, sim.stderr[-3000:]
+                time.sleep(0.2)
+            with open(path, "w", encoding="utf-8"):
+                pass
         code = sim.finish(timeout=DEADLINE + 60)  # simulate's own deadline ends it first
         ended = time.time()
     finally:
@@ -106,9 +116,13 @@ def test_a_slow_start_and_silent_phases_are_no_hang(tmp_path: Any) -> None:
 
 
 def test_the_learned_timeout_names_a_hang_after_the_warm_up(tmp_path: Any) -> None:
-    result = run(tmp_path, "learned", HANG_WORKER, "--mode", "skip", "--rank", "1", "--at-step", "300",
-                 "--step-sleep", "0.1", env={hangtimeout.FLOOR_ENV: f"{FLOOR:g}"})
-    learned = [float(m) for m in re.findall(r"hang timeout: ([\d.]+) s\S*(?: \(the \w+\))?, learned", result["stderr"])]
+    # The hang comes once node 0 said it learned a timeout: after the warm-up, however long a loaded machine
+    # makes it (the gaps between step-like events stretch with its stalls).
+    said = r"hang timeout: ([\d.]+) s\S*(?: \(the \w+\))?, learned"
+    result = run(tmp_path, "learned", HANG_WORKER, "--mode", "skip", "--rank", "1", "--at-step", str(10**8),
+                 "--hang-file", str(tmp_path / "hang-now"), "--step-sleep", "0.1",
+                 env={hangtimeout.FLOOR_ENV: f"{FLOOR:g}"}, then=(said, str(tmp_path / "hang-now")))
+    learned = [float(m) for m in re.findall(said, result["stderr"])]
     assert learned, result["stderr"][-4000:]  # the warm-up ended before the hang, and the log said so
     assert FLOOR <= learned[-1] <= hangtimeout.CEILING_CPU  # learned (the log says so), whatever the load's stalls
     culprit = f"rank 1 (algo-2) at hang_worker.py:{line_of('skip', HANG_WORKER)} in wait_for_peer"

@@ -111,6 +111,7 @@ def main():
                         choices=["skip", "loop", "read", "sleep", "silent", "beat", "preinit", "noabort"])
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--at-step", type=int, default=3)
+    parser.add_argument("--hang-file", default="", help="hang at the first step at which this file exists")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--step-sleep", type=float, default=0.1)
     parser.add_argument("--silent", type=float, default=5.0)
@@ -129,6 +130,8 @@ def main():
     print("joined", flush=True)
     for step in range(1, args.steps + 1 if args.mode in ("silent", "beat") else 10**9):
         tensor = torch.ones(1)
+        if args.hang_file and step < args.at_step and os.path.exists(args.hang_file):
+            args.at_step = step  # the test saw what it waited for (the launcher's log): the hang comes now
         if step == args.at_step:
             if args.mode in ("silent", "beat"):
                 facts["hung_at"] = time.time()  # kept: the job goes on
