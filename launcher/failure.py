@@ -413,10 +413,16 @@ def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause
     return text[:limit]
 
 
-def _encoded(report: str, limit: int) -> bytes:
-    """UTF-8 of ``report`` (unencodable characters as ``\\udcff``), cut to ``limit`` bytes at a character."""
+def fit_report(report: str, limit: int) -> str:
+    """``report`` as it is written and shown: unencodable characters as ``\\udcff``, cut at a character
+    so that its UTF-8 is at most ``limit`` bytes (a limit in characters is then kept too). The file and
+    stderr's last lines are this same text, whatever characters the job's output held."""
     data = report.encode("utf-8", "backslashreplace")
-    return data[:limit].decode("utf-8", "ignore").encode("utf-8") if len(data) > limit else data
+    return data[:limit].decode("utf-8", "ignore")
+
+
+def _encoded(report: str, limit: int) -> bytes:
+    return fit_report(report, limit).encode("utf-8")
 
 
 def write_failure_file(path: str, report: str, limit: int = REPORT_LIMIT) -> Optional[str]:

@@ -309,6 +309,7 @@ def deliver(verdict: Verdict, text: str, clock: Clock, outcome_path: Optional[st
     said in one line each, before the report. Never raises.
     """
     notes = []
+    text = failure.fit_report(text, limit or DEFAULT_LIMIT)  # the file's text is the text shown
     if outcome_path is not None:
         data = outcome_data(verdict, clock._replace(ended=time.time()), *where)
         problem = write_outcome(outcome_path, data)

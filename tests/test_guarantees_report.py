@@ -355,6 +355,58 @@ def test_a_bind_mounted_file_is_overwritten_in_place(tmp_path, writer):
     assert source.read_text() == written
 
 
+# gloo's own words when a peer's connection closes: two characters, seven bytes of UTF-8 at its end
+GLOO_PEER_CLOSED = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+                    "[127.0.0.1]:37277. This is typically caused by a remote worker crashing. Check the logs of "
+                    "the remote worker before reporting an error. GLHF! \U0001f3d6\ufe0f")
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(st.characters(blacklist_categories=("Cc",)) | st.sampled_from("\n\udcff\U0001f3d6\ufe0f"),
+                    max_size=300),
+       limit=st.integers(1, 400))
+def test_the_report_shown_is_the_report_written_whatever_its_characters(tmp_path_factory, text, limit):
+    """The failure file and stderr's last lines are one text: cut at ``limit`` bytes of UTF-8 at a
+    character (so at most ``limit`` characters too), unencodable characters escaped the same way in both."""
+    import io
+    import sys
+
+    from launcher import report
+
+    path = tmp_path_factory.mktemp("out") / "failure"
+    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    real, sys.stderr = sys.stderr, err
+    try:
+        report.deliver(report.Verdict("worker_exit", 7), text, report.Clock(0.0), None, str(path), limit,
+                       ("algo-1", 0, 2, "sagemaker"))
+    finally:
+        sys.stderr = real
+    shown = err.buffer.getvalue()
+    if not path.exists():  # nothing fits (an empty report, or a first character longer than the limit)
+        assert shown == b""
+        assert not text or len(text[0].encode("utf-8", "backslashreplace")) > limit
+        return
+    written = path.read_bytes()
+    assert shown == written + b"\n"
+    assert len(written) <= limit and len(written.decode("utf-8")) <= limit
+    assert text.encode("utf-8", "backslashreplace").startswith(written)
+
+
+def test_a_report_cut_inside_gloos_emoji_ends_the_same_in_the_file_and_on_stderr(tmp_path, capfdbinary):
+    """Found by CI: a 1024-character report whose traceback held gloo's "GLHF! \U0001f3d6\ufe0f" was printed cut
+    at 1024 characters and written cut at 1024 bytes: the two ended on different lines."""
+    from launcher import report
+
+    text = ("algo-2: rank 2 (local rank 0) exited with code 7\nthen algo-1: rank 0 (local rank 0) exited with code 1\n"
+            + GLOO_PEER_CLOSED + "\n" + "  File \"/venv/torch/autograd/graph.py\", line 1072, in backward\n" * 30)
+    report.deliver(report.Verdict("worker_exit", 7), text, report.Clock(0.0), None, str(tmp_path / "failure"), 1024,
+                   ("algo-1", 0, 2, "sagemaker"))
+    shown = capfdbinary.readouterr().err
+    written = (tmp_path / "failure").read_bytes()
+    assert len(written) <= 1024 and shown.endswith(written + b"\n")
+    assert "GLHF! \U0001f3d6\ufe0f" in written.decode("utf-8")
+
+
 def test_print_report_survives_a_closed_or_broken_stderr():
     code = ("import os, sys\nfrom launcher import failure\n"
             "os.close(2) if sys.argv[1] == 'closed' else None\n"
