@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import subprocess
 from typing import Any, NamedTuple
 
 import pytest
@@ -129,6 +130,35 @@ def test_one_failure_restarts_every_host_once_and_the_job_finishes(tmp_path: Any
         assert "Gloo" not in restart["root_cause"]  # the worker's own exit, not a restart race
         assert restart["seconds_to_first_step"] is not None
     assert len(results["exits"].outcomes) == 2
+
+
+V3_PYTHON = os.path.join(REPO, ".venv-v3", "bin", "python")
+
+
+def test_every_platform_restarts_in_place(tmp_path: Any) -> None:
+    # Side by side, one job per platform not run above (SageMaker SDK 2.x and Kubeflow are): a worker on the
+    # second host exits 3 once (budget 1); every host restarts once, in step, and the job finishes.
+    jobs = {platform: launch(tmp_path, platform, 2, "--fail", "exit", platform=platform, max_restarts="1")
+            for platform in ("slurm", "pbs", "vertex", "oci", "env", "kubeflow-v2")}
+    if os.access(V3_PYTHON, os.X_OK):  # `make test` creates .venv-v3 (SageMaker SDK 3.x); ModelTrainer's drivers
+        drivers = str(tmp_path / "drivers")
+        subprocess.run([V3_PYTHON, os.path.join(REPO, "tools", "sm_drivers_v3.py"), drivers], check=True,
+                       timeout=300, capture_output=True)
+        jobs["sagemaker-v3"] = launch(tmp_path, "v3", 2, "--fail", "exit", sim_args=("--sdk", "v3", "--sm-drivers",
+                                                                                      drivers), max_restarts="1")
+    results = {name: finish(job) for name, job in jobs.items()}
+    for name, result in results.items():
+        job = jobs[name]
+        assert result.code == 0 and list(result.exits.values()) == [0, 0], f"{name}: {job.sim.stderr[-4000:]}"
+        for host in result.logs:
+            said = restart_lines(result, host)
+            assert len(said) == 1 and "generation 1 starts" in said[0], f"{name} {host}: {result.logs[host]}"
+            assert "rank 1" in said[0] and "exited with code 3" in said[0], said[0]
+        assert sorted(result.records) == ["g0.r0", "g0.r1", "g1.r0", "g1.r1"], name
+        assert all(r["old_alive"] == [] for r in result.records.values()), name
+        assert result.checkpoint == {"step": STEPS, "sum": uninterrupted_sum(2)}, name
+    if "sagemaker-v3" in jobs:  # the SDK's own driver started each launcher, in both generations' job
+        assert "Running Basic Script driver" in jobs["sagemaker-v3"].sim.stderr + jobs["sagemaker-v3"].sim.stdout
 
 
 def test_restarting_stops_where_it_cannot_help(tmp_path: Any) -> None:

@@ -286,6 +286,26 @@ def test_metric_lines_match_the_metric_definitions() -> None:
     assert [d["Name"] for d in ddp_utils.METRIC_DEFINITIONS] == list(ddp_utils.METRIC_NAMES)
 
 
+def test_random_generators_come_back_from_a_checkpoint(tmp_path: Path) -> None:
+    """What a checkpoint keeps of the generators (torch's, Python's) survives torch.save and the weights-only
+    load: the draws after a resume are the draws an uninterrupted run makes (dropout masks, shuffles)."""
+    import random
+
+    job = ddp_utils.Job(0, 0, 1, torch.device("cpu"), "gloo")
+    torch.manual_seed(3)
+    random.seed(3)
+    torch.rand(5), random.random()  # a run that has drawn already
+    path = ddp_utils.save_checkpoint(str(tmp_path), {"epoch": 1, "step": 0, "rng": [ddp_utils.rng_state(job)]})
+    expected = (torch.rand(8), random.random(), torch.nn.functional.dropout(torch.ones(16), 0.5))
+    torch.manual_seed(99)
+    random.seed(99)
+    _, saved = ddp_utils.load_latest_checkpoint(str(tmp_path))
+    ddp_utils.set_rng_state(job, saved["rng"][0])
+    again = (torch.rand(8), random.random(), torch.nn.functional.dropout(torch.ones(16), 0.5))
+    assert torch.equal(expected[0], again[0]) and expected[1] == again[1] and torch.equal(expected[2], again[2])
+    assert path.endswith("checkpoint-e0001-s0000000.pt")
+
+
 def test_a_half_written_checkpoint_never_replaces_a_good_one(tmp_path: Path) -> None:
     directory = tmp_path / "checkpoints"
     good = ddp_utils.save_checkpoint(str(directory), {"epoch": 1, "step": 0, "model": {"w": torch.ones(4)}})
@@ -727,6 +747,38 @@ def test_sigterm_checkpoints_and_the_next_run_resumes(tmp_path: Path) -> None:
     assert metric_values(second.stdout)["epoch"] == [2.0, 3.0]
     check_history(json.loads((out / "metrics.json").read_text()), 3)
     assert (out / "cifar_net.pt").is_file()
+
+
+@pytest.mark.job
+def test_a_job_restarted_in_place_ends_with_the_uninterrupted_model(tmp_path: Path) -> None:
+    """``--max-restarts 1``: rank 1 is SIGKILLed (as the OOM killer would) once rank 0 has saved the 2nd epoch's
+    checkpoint; the launcher's new generation resumes from the newest complete checkpoint, and the weights it
+    ends with are an uninterrupted run's of the same seed, bit for bit. The two runs go side by side."""
+    args = ["--epochs", "12", "--timeout", "2", "--plot", "False", "--print-freq", "0"]
+    runs = {}
+    for name, launcher_args in (("whole", []), ("restarted", ["--max-restarts", "1"])):
+        (tmp_path / name).mkdir()
+        runs[name] = Run([PYTHON, "-m", "launcher", "--nproc-per-node", "2", *launcher_args, DIGITS, *args,
+                          "--output-dir", str(tmp_path / name / "out"), "--checkpoint-dir",
+                          str(tmp_path / name / "ck")], tmp_path / name)
+    restarted = runs["restarted"]
+    restarted.wait_for("checkpoint-e0002-s0000000.pt", timeout=180)
+    first = {rank: int((restarted.pid_dir / f"{rank}.pid").read_text()) for rank in (0, 1)}
+    os.kill(first[1], signal.SIGKILL)
+    for run in runs.values():
+        assert run.finish() == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert_gone(list(first.values()))
+    [restart] = [line for line in restarted.stderr.splitlines() if "restart 1 of 1 (job-wide)" in line]
+    assert "rank 1" in restart and "SIGKILL" in restart, restart
+    resumed = re.findall(r"resuming from \S*checkpoint-e(\d+)-s0000000\.pt: epoch (\d+) of 12, step 0",
+                         restarted.stdout)
+    assert len(resumed) == 1 and int(resumed[0][0]) >= 2 and int(resumed[0][1]) == int(resumed[0][0]) + 1, resumed
+    assert "resuming from" not in runs["whole"].stdout
+    whole, again = runs["whole"].hashes(), restarted.hashes()
+    assert sorted(whole) == sorted(again) == [0, 1] and whole[0] == whole[1] == again[0] == again[1]
+    learned = {name: [{k: r[k] for k in ("epoch", "train_loss", "val_loss", "val_accuracy")}
+                      for r in json.loads((tmp_path / name / "out" / "metrics.json").read_text())] for name in runs}
+    assert len(learned["whole"]) == 12 and learned["restarted"] == learned["whole"]  # every epoch's, the redone too
 
 
 @pytest.mark.job

@@ -41,8 +41,10 @@ The sections follow the order a script uses them:
    evaluation share), :func:`loader_options`.
 5. **Fit**: :func:`fit` trains with the settings of a :class:`FitSettings` (``FitSettings.from_args(args)``):
    automatic resume (mid-epoch too), a checkpoint written atomically by rank 0 after every epoch and on
-   SIGTERM, a stop vote at every step (SIGTERM: all ranks stop after the same step, at most two steps
-   later, save and exit 0), one ``METRIC`` line per epoch and ``metrics.json``.
+   SIGTERM, holding every rank's random number generators (:func:`rng_state`: a resumed run, or a
+   restarted generation, draws the same dropout masks and shuffles as an uninterrupted one), a stop vote
+   at every step (SIGTERM: all ranks stop after the same step, at most two steps later, save and exit 0),
+   one ``METRIC`` line per epoch and ``metrics.json``.
 6. **Evaluate**: :func:`evaluate` on every rank with exact totals over all ranks.
 7. **Checkpoints and the model**: :func:`save_checkpoint`, :func:`load_latest_checkpoint`,
    :func:`save_model` (rank 0 writes the ``state_dict`` into the model dir).
@@ -69,6 +71,7 @@ import itertools
 import json
 import math
 import os
+import random
 import re
 import signal
 import sys
@@ -547,16 +550,22 @@ def fit(job: Job, settings: FitSettings, model: nn.Module, optimizer: torch.opti
         state.update({k: saved[k] for k in state})
         if saved.get("world_size") != job.world_size and state["step"]:
             state.update(step=0, loss_sum=0.0, samples=0, train_time=0.0)  # another split: redo the epoch
+        if saved.get("world_size") == job.world_size and saved.get("rng"):
+            set_rng_state(job, saved["rng"][job.rank])
         job.log(f"resuming from {path}: epoch {state['epoch'] + 1} of {settings.epochs}, step {state['step']}")
     del found, box
 
     def checkpoint() -> None:
+        rngs = [rng_state(job)]
+        if job.distributed:  # every rank's generators, in rank order (all ranks call this together)
+            rngs = [None] * job.world_size
+            dist.all_gather_object(rngs, rng_state(job))
         if job.is_main:
             with beating("checkpoint"):
                 saved = save_checkpoint(settings.checkpoint_dir, {
                     **state, "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                    "world_size": job.world_size})
+                    "world_size": job.world_size, "rng": rngs})
             log(f"checkpoint saved: {saved}")
 
     bf16 = use_bf16(job, settings.bf16)
@@ -748,6 +757,24 @@ def write_atomic(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def rng_state(job: Job) -> dict[str, Any]:
+    """This rank's random number generators as a checkpoint holds them: torch's (CPU, and the rank's CUDA
+    device), Python's ``random``. numpy's is not kept: nothing here draws from it."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if job.device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(job.device)
+    return state
+
+
+def set_rng_state(job: Job, state: Mapping[str, Any]) -> None:
+    """Put back what :func:`rng_state` returned (after a checkpoint's round trip)."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and job.device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], job.device)
 
 
 def save_checkpoint(directory: str, state: dict[str, Any], keep: int = 2) -> str:
