@@ -44,12 +44,22 @@ def line_of(mark: str) -> int:
         return next(i for i, line in enumerate(fh, 1) if line.rstrip().endswith(f"# at:{mark}"))
 
 
-def run_job(tmp_path: Any, hosts: int, nproc: int, *script_args: str) -> dict[str, Any]:
-    """Run the job to its end; prove nothing is left; return exit codes, reports, records, timing."""
+def start_job(tmp_path: Any, hosts: int, nproc: int, *script_args: str) -> tuple[Any, str, int]:
+    """Start the job: its ``simulate``, work directory and host count."""
     name = f"{script_args[1]}-{hosts}x{nproc}"
     sim, workdir = start(tmp_path, name, hosts, "--nproc-per-node", str(nproc), "--platform-stop", "off",
                          "--deadline", "240", script=SCRIPT,
                          script_args=(*script_args, "--launcher-hang-timeout", f"{TIMEOUT:g}"))
+    return sim, workdir, hosts
+
+
+def run_job(tmp_path: Any, hosts: int, nproc: int, *script_args: str) -> dict[str, Any]:
+    """Run the job to its end; prove nothing is left; return exit codes, reports, records, timing."""
+    return end_job(*start_job(tmp_path, hosts, nproc, *script_args))
+
+
+def end_job(sim: Any, workdir: str, hosts: int) -> dict[str, Any]:
+    """Wait for a started job's end (see :func:`run_job`)."""
     try:
         code = sim.finish()
         ended = time.time()
@@ -129,12 +139,21 @@ def test_every_rank_sleeps_no_odd_one_out(tmp_path: Any, hosts: int, nproc: int)
                        f"hang_worker.py:{line_of('sleep')} in wait_forever")
 
 
-@pytest.mark.parametrize("hosts, nproc", LAYOUTS)
 @pytest.mark.parametrize("mode, silent", [("silent", TIMEOUT / 2), ("beat", TIMEOUT * 1.5)])
-def test_a_silent_job_finishes(tmp_path: Any, hosts: int, nproc: int, mode: str, silent: float) -> None:
-    # Half the timeout without a word; or longer than the timeout, with a progress beat every second.
-    result = run_job(tmp_path, hosts, nproc, "--mode", mode, "--silent", f"{silent:g}")
-    assert result["code"] == 0, result["stderr"][-4000:]
-    assert all(h["exit_code"] == 0 for h in result["summary"]["hosts"])
-    assert "hang:" not in result["stderr"] and set(result["reports"].values()) == {None}
-    assert result["since_hang"] >= silent
+def test_a_silent_job_finishes(tmp_path: Any, mode: str, silent: float) -> None:
+    # Half the timeout without a word; or longer than the timeout, with a progress beat every second. The
+    # three layouts side by side (they mostly wait): every job is ended before any is judged.
+    jobs = []
+    try:
+        for hosts, nproc in LAYOUTS:
+            jobs.append(start_job(tmp_path, hosts, nproc, "--mode", mode, "--silent", f"{silent:g}"))
+        results = [end_job(*job) for job in jobs]
+    finally:
+        for sim, _, _ in jobs:
+            if sim.proc.poll() is None:
+                sim.abort()
+    for result, layout in zip(results, LAYOUTS):
+        assert result["code"] == 0, (layout, result["stderr"][-4000:])
+        assert all(h["exit_code"] == 0 for h in result["summary"]["hosts"]), layout
+        assert "hang:" not in result["stderr"] and set(result["reports"].values()) == {None}, layout
+        assert result["since_hang"] >= silent, layout
