@@ -118,8 +118,9 @@ def generation_port(cluster: Cluster, options: Options, fixed: bool, generation:
 def for_generation(launch: Launch, port: int, generation: int) -> Launch:
     """``launch`` for a generation: its rendezvous port, and the generation in the workers' environment."""
     argv = list(launch.argv)
-    if "--master-port" in argv:
-        argv[argv.index("--master-port") + 1] = str(port)
+    own = argv[:argv.index("--")] if "--" in argv else argv  # torchrun's flags, never the script's arguments
+    if "--master-port" in own:
+        argv[own.index("--master-port") + 1] = str(port)
     return launch._replace(argv=tuple(argv), env_changes={**launch.env_changes, GENERATION_VARIABLE: str(generation)})
 
 
@@ -199,7 +200,10 @@ def build_launch(cluster: Cluster, options: Options, script: str, script_args: S
              "--log-dir", log_dir,
              "--tee", "3",
              "--log-line-prefix-template", LOG_PREFIX_TEMPLATE,
-             BOOTSTRAP, script, *script_args]
+             # "--": what follows is torchrun's script and its arguments, whatever they look like (without it
+             # torchrun's parser takes a script argument that abbreviates two of its options, e.g. --start, for
+             # its own and exits 2: "ambiguous option")
+             "--", BOOTSTRAP, script, *script_args]
 
     notes: list[str] = []
     changes = {"TORCHELASTIC_ERROR_FILE": error_file, EXIT_DIR_VARIABLE: os.path.join(run_dir, "exits")}

@@ -75,8 +75,9 @@ def test_two_hosts_two_processes_train_together(tmp_path):
     bases = [make_host(tmp_path, h, hosts) for h in hosts]
     port = free_port()
     # Start the second host first: the rendezvous does not depend on the order hosts come up.
-    procs = [start_launcher(b, ["--nproc-per-node", "2", WORKER, "--steps", "20", "--name", "a b"], port, hosts)
-             for b in reversed(bases)]
+    # --start abbreviates two of torchrun's options: the script gets it all the same
+    procs = [start_launcher(b, ["--nproc-per-node", "2", WORKER, "--steps", "20", "--name", "a b", "--start", "3"],
+                            port, hosts) for b in reversed(bases)]
     outputs = [p.communicate(timeout=180) for p in procs]
     for proc, (_out, err) in zip(procs, outputs):
         assert proc.returncode == 0, err[-3000:]
@@ -84,7 +85,7 @@ def test_two_hosts_two_processes_train_together(tmp_path):
     assert sorted(first) == [0, 1] and sorted(second) == [2, 3]  # global rank 0 on the first host
     everyone = [*first.values(), *second.values()]
     assert {r["world_size"] for r in everyone} == {4}
-    assert all(r["argv"] == ["--steps", "20", "--name", "a b"] for r in everyone)
+    assert all(r["argv"] == ["--steps", "20", "--name", "a b", "--start", "3"] for r in everyone)
     assert all(r["params"] == everyone[0]["params"] for r in everyone)  # DDP kept them identical
     assert "[rank0]:" in outputs[1][0] + outputs[1][1]  # per-rank prefixes on algo-1's output
     assert_gone(job_pids(None, *bases) | {p.pid for p in procs})

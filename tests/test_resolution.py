@@ -7,6 +7,8 @@ import os
 
 import conftest
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher import cli, command
 from launcher.errors import ConfigError
@@ -246,6 +248,31 @@ def plan_for(tmp_path, hosts, current, argv, extra_env=None, sys_dir=None):
     fabric = sagemaker.PLATFORM.fabric_env(cluster, HostView(sys_dir=sys_dir or str(tmp_path)))
     return command.build_launch(cluster, inv.options, inv.script, inv.script_args, env, "/run",
                                 fabric, python="python3")
+
+
+TORCHRUN_LIKE = ["--start", "--master", "--nnodes", "--max-restarts", "--master-port", "--", "-m", "--no-python",
+                 "--log", "--rdzv", "--node", "-r", "-t", "--standalone=1", "--tee", "-h", "--help"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(args=st.lists(st.sampled_from(TORCHRUN_LIKE) | st.text(min_size=0, max_size=12), max_size=8),
+       hosts=st.sampled_from([["algo-1"], ["algo-1", "algo-2"]]))
+def test_torchrun_hands_the_script_every_argument_as_given(tmp_path_factory, args, hosts):
+    """torchrun's own parser, fed the command the launcher builds: its script is the bootstrap, and the user's
+    script gets every argument untouched, whatever it looks like (an abbreviation of two torchrun options,
+    one of torchrun's own flags, ``--``); a restart's new port changes torchrun's flag, never the script's."""
+    from torch.distributed.run import get_args_parser
+
+    tmp_path = tmp_path_factory.mktemp("cmd")
+    env = write_tree(tmp_path, hosts, hosts[-1])
+    inv = parse_invocation(["train.py", *args], env)
+    cluster = conftest.resolve_cluster(env, inv.options, dev_dir=str(tmp_path))
+    assert list(inv.script_args) == args
+    launch = command.build_launch(cluster, inv.options, inv.script, inv.script_args, env, "/run", python="python3")
+    for argv in (launch.argv, command.for_generation(launch, 1025, 1).argv):
+        parsed = get_args_parser().parse_args(list(argv[3:]))
+        assert parsed.training_script == command.BOOTSTRAP
+        assert parsed.training_script_args == ["train.py", *args]
 
 
 def test_multi_node_command_uses_static_rendezvous(tmp_path):
