@@ -75,9 +75,10 @@ class HangWatch:
 
     def __init__(self, timeout: float, progress: Progress, beats: Optional[BeatSocket],
                  hosts: Mapping[int, str], log: Callable[[str], None], watch: Optional[Watch] = None,
-                 node: int = 0, rule: Optional[hangtimeout.Policy] = None) -> None:
+                 node: int = 0, rule: Optional[hangtimeout.Policy] = None,
+                 clock: Optional[hangtimeout.Clock] = None) -> None:
         self.timeout, self.progress, self.beats, self.hosts, self.log = timeout, progress, beats, hosts, log
-        self.clock = hangtimeout.Clock(rule or hangtimeout.Policy(timeout, start=timeout), log)
+        self.clock = clock or hangtimeout.Clock(rule or hangtimeout.Policy(timeout, start=timeout), log)
         self.why = ""  # why the timeout in force is what it is
         self.watch, self.node = watch, node
         self.nccl_env: Mapping[str, str] = {}  # the workers' environment, when it has the Flight Recorder's pipe
@@ -448,9 +449,14 @@ def trigger_nccl_dumps(environ: Mapping[str, str], ranks: Sequence[int]) -> int:
 
 
 def for_cluster(cluster: Cluster, rule: hangtimeout.Policy, run_dir: str, log: Callable[[str], None],
-                watch: Optional[Watch] = None) -> HangWatch:
+                watch: Optional[Watch] = None, previous: Optional[HangWatch] = None) -> HangWatch:
     """This host's hang watch: its ranks named by this host, beats on the run directory's socket, the
-    timeout of ``rule``."""
+    timeout of ``rule``. ``previous``: the last generation's (a job-wide restart): what it learned of the
+    job's steps stays, and the new generation starts under the start's bound."""
+    clock = None
+    if previous is not None:
+        clock = previous.clock
+        clock.restart()
     beats: Optional[BeatSocket] = None
     try:
         beats = BeatSocket(run_dir)
@@ -459,7 +465,7 @@ def for_cluster(cluster: Cluster, rule: hangtimeout.Policy, run_dir: str, log: C
             "still count as progress")
     first = cluster.node_rank * cluster.nproc_per_node
     hosts = {first + i: cluster.current_host for i in range(cluster.nproc_per_node)}
-    return HangWatch(rule.fixed or rule.start, Progress(), beats, hosts, log, watch, cluster.node_rank, rule)
+    return HangWatch(rule.fixed or rule.start, Progress(), beats, hosts, log, watch, cluster.node_rank, rule, clock)
 
 
 def report(watch: HangWatch, limit: int) -> str:

@@ -190,6 +190,29 @@ def test_without_a_step_a_fixed_timeout_applies_once_the_start_bound_has_passed(
     assert clock.timeout()[0] == 20
 
 
+def test_a_restarted_generation_keeps_what_was_learned_and_starts_under_the_start_bound(tmp_path: object) -> None:
+    """A job-wide restart builds the next generation's hang watch from the last one's: the learned gaps stay
+    (not 16 more steps of warm-up under the start's bound), and the new generation's start has its bound."""
+    from conftest import resolve_cluster
+
+    from launcher import hangwatch
+
+    cluster = resolve_cluster({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-1", "SM_NUM_CPUS": "2",
+                               "SM_NUM_GPUS": "0", "SM_MODULE_NAME": "x"})
+    rule = hangtimeout.policy(None, 540, 0, {"DDP_LAUNCHER_TEST_HANG_FLOOR": "4"})
+    first = hangwatch.for_cluster(cluster, rule, str(tmp_path), lambda _line: None)
+    for step in range(hangtimeout.WARMUP + 2):
+        first.clock.observe(float(step) * 2.0)
+    learned = first.clock.timeout()[0]
+    assert learned == hangtimeout.MULTIPLE * 2.0
+    first.close()
+    second = hangwatch.for_cluster(cluster, rule, str(tmp_path), lambda _line: None, previous=first)
+    assert second.clock.timeout()[0] == 540  # the new generation's start
+    second.clock.observe(100.0)  # its first step: the start is over, what was learned is in force at once
+    assert second.clock.timeout()[0] == learned
+    second.close()
+
+
 def test_the_floor_is_lowered_only_by_a_valid_test_variable() -> None:
     assert hangtimeout.policy(None, 540, 0, {hangtimeout.FLOOR_ENV: "3"}).floor == 3
     assert "tests only" in hangtimeout.policy(None, 540, 0, {hangtimeout.FLOOR_ENV: "3"}).describe()
