@@ -66,6 +66,12 @@ def end_job(sim: Any, workdir: str, hosts: int) -> dict[str, Any]:
     finally:
         if sim.proc.poll() is None:
             sim.abort()
+    return job_result(sim, workdir, hosts, code, ended)
+
+
+def job_result(sim: Any, workdir: str, hosts: int, code: int, ended: float) -> dict[str, Any]:
+    """An ended job's exit codes, reports, output and the time from the hang to ``ended``, once nothing of it
+    is left (every process gone, nothing in the work directory, no deadline reached)."""
     summary = read_json(os.path.join(workdir, "summary.json"))
     records = rank_records(workdir, hosts)
     assert_gone(job_pids(records, sim.proc.pid, summary))
@@ -79,7 +85,7 @@ def end_job(sim: Any, workdir: str, hosts: int) -> dict[str, Any]:
             with open(path, encoding="utf-8") as fh:
                 reports[host] = fh.read()
     hung = [r["hung_at"] for recs in records.values() for r in recs if r["hung_at"] is not None]
-    return {"code": code, "summary": summary, "reports": reports, "stderr": sim.stderr,
+    return {"code": code, "summary": summary, "reports": reports, "stderr": sim.stderr, "stdout": sim.stdout,
             "since_hang": ended - min(hung) if hung else None}
 
 

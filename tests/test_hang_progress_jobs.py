@@ -19,9 +19,9 @@ import time
 from typing import Any
 
 import pytest
-from conftest import REPO, assert_gone, launcher_env
-from test_hang_jobs import BOUND
-from test_simulate import Simulate, job_pids, processes_inside, rank_records, read_json
+from conftest import REPO, launcher_env
+from test_hang_jobs import BOUND, job_result
+from test_simulate import Simulate
 from test_simulate_netns import machine  # noqa: F401  (machine: a fixture used below)
 
 from launcher import codes, hangtimeout
@@ -67,21 +67,7 @@ def run(tmp_path: Any, name: str, script: str, *script_args: str, env: dict[str,
     finally:
         if sim.proc.poll() is None:
             sim.abort()
-    summary = read_json(os.path.join(workdir, "summary.json"))
-    records = rank_records(workdir, 2)
-    assert_gone(job_pids(records, sim.proc.pid, summary))
-    assert processes_inside(workdir) == []
-    assert not summary["deadline_reached"], sim.stderr[-3000:]
-    reports = {}
-    for host in (h["host"] for h in summary["hosts"]):
-        path = os.path.join(workdir, host, "output", "failure")
-        reports[host] = None
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as fh:
-                reports[host] = fh.read()
-    hung = [r["hung_at"] for recs in records.values() for r in recs if r["hung_at"] is not None]
-    return {"code": code, "summary": summary, "reports": reports, "stderr": sim.stderr, "stdout": sim.stdout,
-            "since_hang": ended - min(hung) if hung else None}
+    return job_result(sim, workdir, 2, code, ended)
 
 
 def check_hang(result: dict, culprit: str, timeout: float) -> None:
