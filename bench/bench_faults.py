@@ -45,7 +45,7 @@ from typing import Callable, Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchlib import clean_env, is_alive  # noqa: E402  (bench/ is the script's directory)
+from benchlib import clean_env, is_alive, markdown_table  # noqa: E402  (bench/ is the script's directory)
 
 from launcher import proctree  # noqa: E402  (after the path is set)
 from launcher.simulate import faults, netns  # noqa: E402
@@ -355,13 +355,7 @@ def table(rows: Sequence[dict], cap: float) -> str:
             loss_cell([r["seconds"] for r in rows if r["contender"] == n and r["fault"] == fault], cap)
             for n in names)])
     lines = [line for line in lines if any(c != "-" for c in line[1:])]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    out = []
-    for i, line in enumerate(lines):
-        out.append("| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |")
-        if i == 0:
-            out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(out)
+    return markdown_table(lines[0], lines[1:])
 
 
 def run_round(name: str, fault: str, cap: float) -> tuple[dict, str]:

@@ -44,7 +44,7 @@ from typing import Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchlib import clean_env  # noqa: E402  (bench/ is the script's directory)
+from benchlib import clean_env, markdown_table  # noqa: E402  (bench/ is the script's directory)
 
 from launcher import proctree  # noqa: E402  (after the path is set)
 from launcher.simulate import netns  # noqa: E402
@@ -177,8 +177,8 @@ def learned_main(args: argparse.Namespace) -> int:
                      f"{sum(r['code'] == 124 for r in results)}/{len(results)}",
                      f"{statistics.mean(r['named'] for r in results):.0%}"])
     print(f"\nlearned default (floor lowered to {LEARNED_FLOOR:g} s), hang at step {LEARNED_AT}, one rank per host")
-    print_table(["hosts", "hangs", "learned timeout", "hang to every host ended", "past the timeout", "exit 124",
-                 "reports naming the culprit"], rows)
+    print(markdown_table(["hosts", "hangs", "learned timeout", "hang to every host ended", "past the timeout",
+                          "exit 124", "reports naming the culprit"], rows))
     rnd = random.Random(26)
     healthy = [run_healthy(args.hosts[0], max(args.cap, 400.0), rnd) for _ in range(args.healthy)]  # long runs
     for run in healthy:
@@ -187,16 +187,6 @@ def learned_main(args: argparse.Namespace) -> int:
     print(f"\nhealthy runs with irregular silent phases ({args.hosts[0]} hosts): {len(healthy)}, "
           f"exit 0: {sum(r['code'] == 0 for r in healthy)}, false alarms: {sum(r['alarm'] for r in healthy)}")
     return 0
-
-
-def print_table(header: list[str], rows: list[list[str]]) -> None:
-    """A Markdown table."""
-    table = [header, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    for i, row in enumerate(table):
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
-        if i == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
 
 
 def run_torchrun(cap: float) -> tuple[Optional[float], str]:
@@ -260,8 +250,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ended, said = run_torchrun(args.cap)
     print(f"\ninjected hangs, --hang-timeout {TIMEOUT:g} s, one rank per namespaced host; time from the hang "
           "until every host ended, median (min-max)")
-    print_table(["hosts", "hangs", "time to end", "exit 124", "ranks with stacks", "reports naming the culprit"],
-                rows)
+    print(markdown_table(["hosts", "hangs", "time to end", "exit 124", "ranks with stacks",
+                          "reports naming the culprit"], rows))
     when = f"still running at the {args.cap:g} s cap" if ended is None else f"ended after {ended:.0f} s"
     print(f"\nplain torchrun, 2 hosts, rank 1 skips a collective: {when}; last lines: {said or '(nothing)'}")
     return 0

@@ -29,6 +29,8 @@ from typing import Callable, Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchlib import markdown_table  # noqa: E402  (bench/ is the script's directory)
+
 from launcher import bootstrap  # noqa: E402  (after the path is set)
 from launcher.progress import BeatSocket, Progress  # noqa: E402
 
@@ -130,12 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"sampler off/on, {args.rounds} rounds of {args.seconds:g} s each side, alternating; "
           f"{progress.last() and 'beats arrived' or 'no beat arrived'}")
     header = ("loop", "per step, off", "per step, on", "on/off", "noise (off/off)", "off rounds min-max")
-    table = [header, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    for i, row in enumerate(table):
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
-        if i == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print(markdown_table(header, rows))
     return 0
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from collections.abc import Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchlib import clean_env  # noqa: E402  (bench/ is the script's directory)
+from benchlib import clean_env, spread  # noqa: E402  (bench/ is the script's directory)
 
 from launcher.simulate import netns  # noqa: E402  (after the path is set)
 
@@ -108,11 +107,6 @@ def run_job(lab: netns.Lab, way: str, hosts: int, steps: int, tmp: str, trace: b
         raise SystemExit(f"bench_start: {way} exited {codes}")
     return took
 
-
-def spread(values: Sequence[float]) -> str:
-    """The median and the middle half."""
-    quarters = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return f"{quarters[1]:.3f} ({quarters[0]:.3f}-{quarters[2]:.3f})"
 
 
 def main(argv: Sequence[str] = ()) -> int:

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 
-from benchlib import REPO, clean_env, free_port
+from benchlib import REPO, clean_env, free_port, spread
 
 PYTHON = sys.executable
 SCRIPT = os.path.join(REPO, "tests", "scripts", "ddp_allreduce.py")
@@ -68,12 +67,6 @@ def run_job(way: str, tmp: str) -> float:
     if codes != [0, 0]:
         raise SystemExit(f"bench_watch_end: {way} exited {codes}")
     return took
-
-
-def spread(values: Sequence[float]) -> str:
-    """The median and the middle half."""
-    quarters = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return f"{quarters[1]:.3f} ({quarters[0]:.3f}-{quarters[2]:.3f})"
 
 
 def main(argv: Sequence[str] = ()) -> int:

@@ -1,9 +1,12 @@
-"""What the benchmarks share: a clean environment for the jobs they start, a free port, a liveness check."""
+"""What the benchmarks share: a clean environment for the jobs they start, a free port, a liveness check, and
+how results are printed (a median with its middle half, a Markdown table)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import statistics
+from collections.abc import Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # another job's variables: a benchmark's jobs must not inherit a platform's description from the shell
@@ -33,3 +36,21 @@ def is_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
+
+
+def spread(values: Sequence[float]) -> str:
+    """The median and the middle half: ``1.016 (0.993-1.073)``."""
+    quarters = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return f"{quarters[1]:.3f} ({quarters[0]:.3f}-{quarters[2]:.3f})"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table, its columns padded to one width."""
+    table = [list(header), *map(list, rows)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = []
+    for i, row in enumerate(table):
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+        if i == 0:
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
