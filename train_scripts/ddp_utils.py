@@ -556,10 +556,10 @@ def fit(job: Job, settings: FitSettings, model: nn.Module, optimizer: torch.opti
     del found, box
 
     def checkpoint() -> None:
-        rngs = [rng_state(job)]
+        rngs: list[Any] = [rng_state(job)]
         if job.distributed:  # every rank's generators, in rank order (all ranks call this together)
-            rngs = [None] * job.world_size
-            dist.all_gather_object(rngs, rng_state(job))
+            mine, rngs = rngs[0], [None] * job.world_size
+            dist.all_gather_object(rngs, mine)
         if job.is_main:
             with beating("checkpoint"):
                 saved = save_checkpoint(settings.checkpoint_dir, {
