@@ -272,7 +272,9 @@ def test_sigkill_of_one_launcher_ends_every_host(tmp_path: Any) -> None:
     hosts = {h["host"]: h for h in summary["hosts"]}
     assert hosts["algo-2"]["outcome"].startswith("lost: SIGKILL by --fault")
     assert hosts["algo-1"]["exit_code"] != 0
-    assert hosts["algo-1"]["outcome"] == "stopped by simulate after algo-2 was lost"
+    # simulate stops algo-1 once algo-2 is gone, unless the job watch (the closed connection) ended it first
+    assert hosts["algo-1"]["outcome"] in ("stopped by simulate after algo-2 was lost", "failed")
+    assert hosts["algo-1"]["failure"].startswith("algo-2 lost: "), hosts["algo-1"]["failure"]
     assert summary["first_failure"] == "algo-2"
     assert "lost: SIGKILL" in summary_row(sim.stderr, "algo-2")
     elapsed = summary["death_to_last_exit"]
@@ -291,7 +293,11 @@ def test_sigterm_to_one_host_is_a_spot_interruption(tmp_path: Any) -> None:
     hosts = {h["host"]: h for h in summary["hosts"]}
     assert hosts["algo-2"]["outcome"].startswith("stopped: SIGTERM by --fault")
     assert "spot interruption" in summary_row(sim.stderr, "algo-2")
-    assert hosts["algo-1"]["outcome"] == "stopped by simulate after algo-2 was stopped"
+    # algo-1 ends because of algo-2's stop: simulate stops it once algo-2 has exited (the platform's stop), unless
+    # the job watch, which heard algo-2 first, already ended it (a race on a loaded machine: both are right)
+    assert hosts["algo-1"]["outcome"] in ("stopped by simulate after algo-2 was stopped", "failed")
+    assert hosts["algo-1"]["exit_code"] != 0
+    assert hosts["algo-1"]["failure"].startswith("algo-2: stopped by SIGTERM"), hosts["algo-1"]["failure"]
     assert summary["death_to_last_exit"] <= DEATH_TO_LAST_EXIT_LIMIT
     print(f"\nSIGTERM to algo-2: the job ended {summary['fault_to_last_exit']:.2f} s after the fault")
 
