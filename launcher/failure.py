@@ -421,15 +421,11 @@ def fit_report(report: str, limit: int) -> str:
     return data[:limit].decode("utf-8", "ignore")
 
 
-def _encoded(report: str, limit: int) -> bytes:
-    return fit_report(report, limit).encode("utf-8")
-
-
 def write_failure_file(path: str, report: str, limit: int = REPORT_LIMIT) -> Optional[str]:
     """Write the report's first ``limit`` bytes to ``path`` atomically (:func:`launcher.filewriter.replace_file`:
     readers see the old file or the whole new one; a bind-mounted file is overwritten in place); never
     raises. Returns None when written, else why not (one line)."""
-    return replace_file(path, _encoded(report, limit), ".failure.")
+    return replace_file(path, fit_report(report, limit).encode("utf-8"), ".failure.")
 
 
 def print_report(report: str, notes: Sequence[str] = ()) -> None:
