@@ -2,7 +2,8 @@
 
 tests/scripts/hang_worker.py hangs on purpose at step 3: one rank skips a collective and waits for a
 message (deadlock), loops for ever in Python, or blocks on a read; or every rank sleeps; or every rank is
-silent for a while and the job then finishes (with and without progress beats). Each test proves:
+silent for a while and the job then finishes (with and without progress beats). Each test runs one job per
+layout (1 host x 4, 2 x 2, 4 x 1) side by side, as they mostly wait for the timeout, and proves of each:
 
 - the job ended within the hang timeout + 15 s of the hang (the worker records when it stopped
   progressing), every host with exit code 124;
@@ -18,7 +19,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Callable
 
 import pytest
 from conftest import REPO, assert_gone
@@ -115,49 +117,53 @@ def others(culprit: int, world: int) -> str:
     return f"rank {rest[0]}" if len(rest) == 1 else f"ranks {ranges(rest)}"
 
 
-@pytest.mark.parametrize("hosts, nproc", LAYOUTS)
-def test_rank_skips_a_collective(tmp_path: Any, hosts: int, nproc: int) -> None:
-    culprit = hosts * nproc - 1
-    result = run_job(tmp_path, hosts, nproc, "--mode", "skip", "--rank", str(culprit))
-    check_hang(result, f"rank {culprit} ({host_of(culprit, nproc)}) at "
-                       f"hang_worker.py:{line_of('skip')} in wait_for_peer (in recv); "
-                       f"{others(culprit, hosts * nproc)} in all_reduce (hang_worker.py:{line_of('all_reduce')})")
-
-
-@pytest.mark.parametrize("hosts, nproc", LAYOUTS)
-def test_rank_loops_for_ever(tmp_path: Any, hosts: int, nproc: int) -> None:
-    result = run_job(tmp_path, hosts, nproc, "--mode", "loop", "--rank", "1")
-    check_hang(result, f"rank 1 ({host_of(1, nproc)}) at "
-                       f"hang_worker.py:{line_of('loop')} in spin; {others(1, hosts * nproc)} in all_reduce")
-
-
-@pytest.mark.parametrize("hosts, nproc", LAYOUTS)
-def test_rank_blocks_on_a_read(tmp_path: Any, hosts: int, nproc: int) -> None:
-    result = run_job(tmp_path, hosts, nproc, "--mode", "read", "--rank", "2")
-    check_hang(result, f"rank 2 ({host_of(2, nproc)}) at "
-                       f"hang_worker.py:{line_of('read')} in read_input; {others(2, hosts * nproc)} in all_reduce")
-
-
-@pytest.mark.parametrize("hosts, nproc", LAYOUTS)
-def test_every_rank_sleeps_no_odd_one_out(tmp_path: Any, hosts: int, nproc: int) -> None:
-    result = run_job(tmp_path, hosts, nproc, "--mode", "sleep")
-    check_hang(result, f"no rank stands out: every rank at "
-                       f"hang_worker.py:{line_of('sleep')} in wait_forever")
-
-
-@pytest.mark.parametrize("mode, silent", [("silent", TIMEOUT / 2), ("beat", TIMEOUT * 1.5)])
-def test_a_silent_job_finishes(tmp_path: Any, mode: str, silent: float) -> None:
-    # Half the timeout without a word; or longer than the timeout, with a progress beat every second. The
-    # three layouts side by side (they mostly wait): every job is ended before any is judged.
+def run_layouts(tmp_path: Any, args_of: Callable[[int, int], Sequence[str]]) -> list[dict[str, Any]]:
+    """One job per layout of :data:`LAYOUTS`, side by side (they mostly wait for the timeout), with the script
+    arguments ``args_of(hosts, nproc)``; every job is ended before any is judged."""
     jobs = []
     try:
         for hosts, nproc in LAYOUTS:
-            jobs.append(start_job(tmp_path, hosts, nproc, "--mode", mode, "--silent", f"{silent:g}"))
-        results = [end_job(*job) for job in jobs]
+            jobs.append(start_job(tmp_path, hosts, nproc, *args_of(hosts, nproc)))
+        return [end_job(*job) for job in jobs]
     finally:
         for sim, _, _ in jobs:
             if sim.proc.poll() is None:
                 sim.abort()
+
+
+def test_rank_skips_a_collective(tmp_path: Any) -> None:
+    results = run_layouts(tmp_path, lambda hosts, nproc: ("--mode", "skip", "--rank", str(hosts * nproc - 1)))
+    for result, (hosts, nproc) in zip(results, LAYOUTS):
+        culprit = hosts * nproc - 1
+        check_hang(result, f"rank {culprit} ({host_of(culprit, nproc)}) at "
+                           f"hang_worker.py:{line_of('skip')} in wait_for_peer (in recv); "
+                           f"{others(culprit, hosts * nproc)} in all_reduce (hang_worker.py:{line_of('all_reduce')})")
+
+
+def test_rank_loops_for_ever(tmp_path: Any) -> None:
+    results = run_layouts(tmp_path, lambda hosts, nproc: ("--mode", "loop", "--rank", "1"))
+    for result, (hosts, nproc) in zip(results, LAYOUTS):
+        check_hang(result, f"rank 1 ({host_of(1, nproc)}) at "
+                           f"hang_worker.py:{line_of('loop')} in spin; {others(1, hosts * nproc)} in all_reduce")
+
+
+def test_rank_blocks_on_a_read(tmp_path: Any) -> None:
+    results = run_layouts(tmp_path, lambda hosts, nproc: ("--mode", "read", "--rank", "2"))
+    for result, (hosts, nproc) in zip(results, LAYOUTS):
+        check_hang(result, f"rank 2 ({host_of(2, nproc)}) at "
+                           f"hang_worker.py:{line_of('read')} in read_input; {others(2, hosts * nproc)} in all_reduce")
+
+
+def test_every_rank_sleeps_no_odd_one_out(tmp_path: Any) -> None:
+    for result in run_layouts(tmp_path, lambda hosts, nproc: ("--mode", "sleep")):
+        check_hang(result, f"no rank stands out: every rank at "
+                           f"hang_worker.py:{line_of('sleep')} in wait_forever")
+
+
+@pytest.mark.parametrize("mode, silent", [("silent", TIMEOUT / 2), ("beat", TIMEOUT * 1.5)])
+def test_a_silent_job_finishes(tmp_path: Any, mode: str, silent: float) -> None:
+    # Half the timeout without a word; or longer than the timeout, with a progress beat every second.
+    results = run_layouts(tmp_path, lambda hosts, nproc: ("--mode", mode, "--silent", f"{silent:g}"))
     for result, layout in zip(results, LAYOUTS):
         assert result["code"] == 0, (layout, result["stderr"][-4000:])
         assert all(h["exit_code"] == 0 for h in result["summary"]["hosts"]), layout
