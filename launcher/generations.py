@@ -119,8 +119,8 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
             if hangs is not None and generation > 0:
                 from launcher import hangwatch
 
-                hangs = hangwatch.for_cluster(c, p.hang, launch.run_dir, log, watch, previous=hangs)
-                hangs.nccl_env = launch.environment(environ)
+                hangs = hangwatch.for_cluster(c, p.hang, launch.run_dir, log, watch, previous=hangs,
+                                              worker_env=launch.environment(environ))
             steps = _steps(launch.run_dir, hangs, log, pending, failed_at)
             history.memory = oom.snapshot()  # a SIGKILL of this generation is told apart by its own count
             try:

@@ -449,10 +449,12 @@ def trigger_nccl_dumps(environ: Mapping[str, str], ranks: Sequence[int]) -> int:
 
 
 def for_cluster(cluster: Cluster, rule: hangtimeout.Policy, run_dir: str, log: Callable[[str], None],
-                watch: Optional[Watch] = None, previous: Optional[HangWatch] = None) -> HangWatch:
+                watch: Optional[Watch] = None, previous: Optional[HangWatch] = None,
+                worker_env: Optional[Mapping[str, str]] = None) -> HangWatch:
     """This host's hang watch: its ranks named by this host, beats on the run directory's socket, the
     timeout of ``rule``. ``previous``: the last generation's (a job-wide restart): what it learned of the
-    job's steps stays, and the new generation starts under the start's bound."""
+    job's steps stays, and the new generation starts under the start's bound. ``worker_env``: the workers'
+    environment (where the NCCL Flight Recorder's pipe is, on GPU hosts)."""
     clock = None
     if previous is not None:
         clock = previous.clock
@@ -465,7 +467,9 @@ def for_cluster(cluster: Cluster, rule: hangtimeout.Policy, run_dir: str, log: C
             "still count as progress")
     first = cluster.node_rank * cluster.nproc_per_node
     hosts = {first + i: cluster.current_host for i in range(cluster.nproc_per_node)}
-    return HangWatch(rule.fixed or rule.start, Progress(), beats, hosts, log, watch, cluster.node_rank, rule, clock)
+    hangs = HangWatch(rule.fixed or rule.start, Progress(), beats, hosts, log, watch, cluster.node_rank, rule, clock)
+    hangs.nccl_env = worker_env or {}
+    return hangs
 
 
 def report(watch: HangWatch, limit: int) -> str:
