@@ -17,7 +17,7 @@ every 0.1 s. A job's time runs from starting every host until the last has exite
 Rounds rotate their order; printed: each round's times, then per size and job length the median of
 the per-round ratios of the first way to each other (with the middle half), the count of rounds, and
 the machine's load average before and after. ``--trace`` runs the launcher once per size and prints every host's
-stderr lines with the seconds since the job's start (where a launcher's time goes).
+output lines with the seconds since the job's start (where a launcher's time goes).
 
 Usage: ``.venv/bin/python bench/bench_start.py [--hosts 2 4] [--pairs 8] [--steps 60 140]
 [--ways launcher torchrun flags nowatch baseline] [--baseline DIR] [--trace]``.
@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -88,15 +89,16 @@ def run_job(lab: netns.Lab, way: str, hosts: int, steps: int, tmp: str, trace: b
             argv = ["strace", "-f", "-tt", "-e", "trace=execve,exit_group,connect,wait4", "-o",
                     f"{strace}.{way}.{rank}", *argv]
         proc = subprocess.Popen(lab.command(f"algo-{rank + 1}", argv), cwd=out,
-                                env=env, stdout=subprocess.DEVNULL,
+                                env=env, stdout=subprocess.PIPE if trace else subprocess.DEVNULL,
                                 stderr=subprocess.PIPE if trace else subprocess.DEVNULL)
         procs.append(proc)
         if trace:
-            def read(proc: subprocess.Popen = proc, rank: int = rank) -> None:
-                for line in iter(proc.stderr.readline, b""):  # type: ignore[union-attr]
+            def read(stream: Any, rank: int = rank) -> None:
+                for line in iter(stream.readline, b""):
                     lines.append((time.monotonic() - started, rank, line.decode(errors="replace").rstrip()))
-            readers.append(threading.Thread(target=read, daemon=True))
-            readers[-1].start()
+            for stream in (proc.stdout, proc.stderr):
+                readers.append(threading.Thread(target=read, args=(stream,), daemon=True))
+                readers[-1].start()
     codes = [proc.wait(timeout=600) for proc in procs]
     took = time.monotonic() - started
     for reader in readers:
