@@ -86,7 +86,7 @@ def run_job(lab: netns.Lab, way: str, hosts: int, steps: int, tmp: str, trace: b
                        DDP_LAUNCHER_EXIT_DIR=os.path.join(out, "exits"), PYTHONFAULTHANDLER="1")
         argv = argv_for(way, hosts, rank, steps, out)
         if strace:
-            argv = ["strace", "-f", "-tt", "-e", "trace=execve,exit_group,connect,wait4", "-o",
+            argv = ["strace", "-f", "--seccomp-bpf", "-ttt", "-e", "trace=execve,exit_group,connect,wait4", "-o",
                     f"{strace}.{way}.{rank}", *argv]
         proc = subprocess.Popen(lab.command(f"algo-{rank + 1}", argv), cwd=out,
                                 env=env, stdout=subprocess.PIPE if trace else subprocess.DEVNULL,

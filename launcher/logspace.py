@@ -22,6 +22,14 @@ the trimmer stops. So each log takes at most ``KEEP_BYTES + LAG_LIMIT`` on disk,
 writes between two looks: the trimmer reads torchrun's descriptors every :data:`EVERY` but stats the
 logs every :data:`CHECK_EVERY`, and trims at once a log that grew fast (a worker writing into the page
 cache at 4 GB/s wrote 1 GB in one 0.25 s period before this check existed).
+
+Looking 50 times a second costs about 1 % of a core (each wake of a sleeping thread costs 0.1-0.2 ms
+here), and most jobs print a line now and then. So once the logs are known the trimmer sleeps until a
+worker writes to one (inotify, :class:`_Writes`), and looks at once: a flood is seen at its first write.
+It goes back to looking every :data:`CHECK_EVERY` while writes come more often than that, a log lags or
+a worker is paused, and it reads torchrun's descriptors every :data:`EVERY` only while a log is larger
+than :data:`KEEP_BYTES` (before that there is nothing to free and nothing can lag), else every
+:data:`IDLE_EVERY`. Where inotify is missing it looks every :data:`CHECK_EVERY`, as before.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import signal
 import threading
 import time
+from collections.abc import Iterable
 from typing import Callable, Optional
 
 from launcher import proctree
@@ -41,6 +51,8 @@ LAG_LIMIT = 32 << 20  # bytes of a log torchrun has not copied yet beyond which 
 EVERY = 0.25  # seconds between two trims (reading torchrun's descriptors in /proc) ...
 CHECK_EVERY = 0.02  # ... and between two looks at the logs' sizes: a log that grew by GROWTH is trimmed at once,
 GROWTH = LAG_LIMIT // 4  # as is every log while one lags or none is known yet (a worker can write 4 GB/s)
+IDLE_EVERY = 1.0  # seconds between two reads of torchrun's descriptors while every log is under KEEP_BYTES
+START_EVERY = 0.1  # seconds between two looks for the first log while torchrun has created none
 FREE_MIN = 1 << 20  # a TMPDIR with less free space than this is full: nothing could run from it
 _PUNCH_HOLE_KEEP_SIZE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (linux/falloc.h)
 _BLOCK = 4096
@@ -103,6 +115,63 @@ def _read_positions(pid: int, log_dir: str) -> dict[str, int]:
     return {**dict.fromkeys(written, 0), **positions}
 
 
+class _Writes:
+    """Wakes a thread when a worker writes to one of the watched logs (inotify ``IN_MODIFY``), or when
+    :meth:`wake` is called. :func:`_writes` makes one; None where inotify cannot be used."""
+
+    IN_MODIFY = 0x2
+
+    def __init__(self, fd: int, add_watch: Callable[[int, bytes, int], int]) -> None:
+        self.fd, self._add_watch = fd, add_watch
+        self.watched: set[str] = set()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+
+    def watch(self, paths: Iterable[str]) -> bool:
+        """Watch these logs too; False if one cannot be watched (``fs.inotify.max_user_watches``)."""
+        for path in paths:
+            if path not in self.watched:
+                if self._add_watch(self.fd, os.fsencode(path), self.IN_MODIFY) < 0:
+                    return False
+                self.watched.add(path)
+        return True
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until a watched log is written, :meth:`wake` is called or ``timeout`` passes; True if
+        written. The events are read and dropped: the caller looks at the sizes itself."""
+        ready, _, _ = select.select([self.fd, self._wake_r], [], [], max(0.0, timeout))
+        for fd in ready:
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                while os.read(fd, 65536):
+                    pass
+        return self.fd in ready
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def close(self) -> None:
+        for fd in (self.fd, self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _writes() -> Optional[_Writes]:
+    """An inotify instance for the logs; None where there is none (not Linux, or the user's limit of
+    instances reached: ``fs.inotify.max_user_instances``)."""
+    import ctypes  # already imported by _fallocate
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        init, add_watch = libc.inotify_init1, libc.inotify_add_watch
+    except (OSError, AttributeError):
+        return None
+    init.argtypes, init.restype = (ctypes.c_int,), ctypes.c_int
+    add_watch.argtypes, add_watch.restype = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32), ctypes.c_int
+    fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
+    return _Writes(fd, add_watch) if fd >= 0 else None
+
+
 class LogTrimmer:
     """A thread that keeps the worker logs of one torchrun small on disk while it runs."""
 
@@ -118,33 +187,63 @@ class LogTrimmer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._fallocate = _fallocate()
+        self._writes = _writes() if self._fallocate is not None else None
         self._thread = threading.Thread(target=self._run, name="log-trimmer", daemon=True)
         if self._fallocate is not None:
             self._thread.start()
 
     def _run(self) -> None:
-        next_trim = 0.0
-        while not self._stop.wait(CHECK_EVERY):
+        try:
+            self._loop()
+        except Exception as exc:  # noqa: BLE001 (the job goes on without it; it says so once)
+            self.log(f"stopped bounding the worker logs' disk use: {exc!r}")
+            self._resume_all()
+        finally:
+            if self._writes is not None:
+                self._writes.close()
+
+    def _loop(self) -> None:
+        next_trim = looked = 0.0
+        fast = polling = True  # look every CHECK_EVERY; else sleep until a log is written (or the next trim is due)
+        seen: dict[str, int] = {}  # path -> its size at the last look
+        while True:
+            if polling or self._writes is None:
+                pause = CHECK_EVERY if self.sizes or _has_entries(self.log_dir) else START_EVERY
+                written = False
+                if self._stop.wait(pause):
+                    return
+            else:
+                written = self._writes.wait(next_trim - time.monotonic())
+                if self._stop.is_set():
+                    return
             now = time.monotonic()
-            if now < next_trim and not self._grown():
+            sizes = {path: _size(path) for path in self.sizes}
+            grown, seen = sizes != seen, sizes
+            if self.sizes and now < next_trim and not self._grown(sizes):
+                # a write less than CHECK_EVERY after the last look: writes come often, look every CHECK_EVERY;
+                # a look that saw nothing written: sleep until the next write
+                polling = fast or (written and now - looked < CHECK_EVERY) or (polling and grown)
+                looked = now
                 continue
+            looked = now
             if not self.sizes and not _has_entries(self.log_dir):
                 continue  # torchrun has started no worker: no log yet (one listdir, not all of its descriptors)
-            try:
-                with self._lock:
-                    if not self._stop.is_set():
-                        self.trim()
-            except Exception as exc:  # noqa: BLE001 (the job goes on without it; it says so once)
-                self.log(f"stopped bounding the worker logs' disk use: {exc!r}")
-                self._resume_all()
-                return
-            # often while torchrun's copy lags or no log is known yet (a new attempt's worker may be printing)
-            fast = self.behind > LAG_LIMIT // 4 or not self.sizes
-            next_trim = now + (CHECK_EVERY if fast else EVERY)
+            known = set(self.sizes)
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self.trim()
+            watched = self._writes is not None and self._writes.watch(self.sizes)
+            # often while torchrun's copy lags, a worker is paused, or the logs are not all known yet (none,
+            # or new ones since the last trim: torchrun opens one rank's after the other)
+            fast = self.behind > LAG_LIMIT // 4 or bool(self.paused) or not self.sizes or set(self.sizes) != known
+            small = max(self.sizes.values(), default=0) < KEEP_BYTES  # nothing to free, nothing can lag
+            next_trim = now + (CHECK_EVERY if fast else IDLE_EVERY if small else EVERY)
+            polling = fast or not watched
 
-    def _grown(self) -> bool:
-        """Whether a known log grew by more than :data:`GROWTH` since the last trim (a stat per log: cheap)."""
-        return any(_size(path) - size > GROWTH for path, size in self.sizes.items())
+    def _grown(self, sizes: dict[str, int]) -> bool:
+        """Whether a known log grew by more than :data:`GROWTH` since the last trim (``sizes``: now)."""
+        return any(sizes.get(path, 0) - size > GROWTH for path, size in self.sizes.items())
 
     def trim(self) -> int:
         """Punch what torchrun has read of each log, but its last :data:`KEEP_BYTES`; pause or resume
@@ -217,6 +316,8 @@ class LogTrimmer:
     def stop(self) -> None:
         """End the thread and resume any paused worker; the logs keep their holes."""
         self._stop.set()
+        if self._writes is not None:
+            self._writes.wake()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         with self._lock:
