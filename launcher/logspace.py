@@ -125,7 +125,8 @@ class _Writes:
         self.fd, self._add_watch = fd, add_watch
         self.watched: set[str] = set()
         self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
+        for end in (self._wake_r, self._wake_w):  # wait() reads until empty; wake() never blocks
+            os.set_blocking(end, False)
 
     def watch(self, paths: Iterable[str]) -> bool:
         """Watch these logs too; False if one cannot be watched (``fs.inotify.max_user_watches``)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 from conftest import PYTHON, REPO, assert_gone
 
@@ -91,3 +92,51 @@ def test_a_full_tmpfs_is_named(tmp_path):
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("the disk of TMPDIR is full (0 KiB free at "), proc.stdout
+
+
+WRITER = """import os, sys, time
+read = os.open(sys.argv[1], os.O_RDONLY)  # the tailer's descriptor, as torchrun's
+write = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)  # the worker's, which torchrun keeps a copy of
+print("ready", flush=True)
+for line in sys.stdin:  # a size in MiB: write it, and read all of it as the tailer would
+    os.write(write, b"x" * (int(line) << 20))
+    while os.read(read, 1 << 20):
+        pass
+    print("written", flush=True)
+"""
+
+
+def test_the_trimmer_sleeps_until_a_log_is_written_sees_a_flood_at_once_and_stops_at_once(tmp_path):
+    # One process plays torchrun (it holds the log for reading and for writing); the trimmer learns of the
+    # log, then sleeps until it is written (inotify): a burst of 40 MiB after a quiet second is freed
+    # without waiting for the next periodic trim (1 s while the logs are small), and stop() returns at once
+    # wherever the thread is (it once read its wake-up pipe until a blocking read never returned: 5 s).
+    log = make_log(tmp_path, "0/stdout.log", 0)
+    proc = subprocess.Popen([PYTHON, "-c", WRITER, log], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    trimmer = None
+    try:
+        assert proc.stdout.readline() == b"ready\n"  # type: ignore[union-attr]
+        trimmer = logspace.LogTrimmer(proc.pid, str(tmp_path / "logs"), print)
+        waited = time.monotonic() + 30
+        while trimmer.sizes != {log: 0} and time.monotonic() < waited:
+            time.sleep(0.01)
+        assert trimmer.sizes == {log: 0}  # learned of the log
+        time.sleep(1.5)  # quiet: the trimmer sleeps until a write (or its next trim, 1 s after the last)
+        proc.stdin.write(b"40\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+        assert proc.stdout.readline() == b"written\n"  # type: ignore[union-attr]
+        written = time.monotonic()
+        while trimmer.freed < 32 * MiB and time.monotonic() < written + 30:
+            time.sleep(0.005)
+        took = time.monotonic() - written
+        assert trimmer.freed >= 32 * MiB and allocated(log) <= 8 * MiB, (trimmer.freed, allocated(log))
+        time.sleep(1.5)  # quiet again: asleep until a write
+        trimmer.stop()
+        assert not trimmer._thread.is_alive()  # stop() waits at most 5 s for it
+        print(f"\nfreed {trimmer.freed >> 20} MiB {took * 1000:.0f} ms after the burst was read")
+    finally:
+        if trimmer is not None:
+            trimmer.stop()
+        proc.kill()
+        proc.wait()
+    assert_gone([proc.pid])
