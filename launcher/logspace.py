@@ -199,9 +199,6 @@ class LogTrimmer:
         except Exception as exc:  # noqa: BLE001 (the job goes on without it; it says so once)
             self.log(f"stopped bounding the worker logs' disk use: {exc!r}")
             self._resume_all()
-        finally:
-            if self._writes is not None:
-                self._writes.close()
 
     def _loop(self) -> None:
         next_trim = looked = 0.0
@@ -321,6 +318,9 @@ class LogTrimmer:
             self._writes.wake()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        if self._writes is not None and not self._thread.is_alive():  # closed here only: a descriptor
+            self._writes.close()  # closed under the thread, or before a late wake(), could be another file's
+            self._writes = None
         with self._lock:
             self._resume_all()
 
