@@ -76,12 +76,12 @@ class HangWatch:
     def __init__(self, timeout: float, progress: Progress, beats: Optional[BeatSocket],
                  hosts: Mapping[int, str], log: Callable[[str], None], watch: Optional[Watch] = None,
                  node: int = 0, rule: Optional[hangtimeout.Policy] = None,
-                 clock: Optional[hangtimeout.Clock] = None) -> None:
+                 clock: Optional[hangtimeout.Clock] = None, nccl_env: Optional[Mapping[str, str]] = None) -> None:
         self.timeout, self.progress, self.beats, self.hosts, self.log = timeout, progress, beats, hosts, log
         self.clock = clock or hangtimeout.Clock(rule or hangtimeout.Policy(timeout, start=timeout), log)
         self.why = ""  # why the timeout in force is what it is
         self.watch, self.node = watch, node
-        self.nccl_env: Mapping[str, str] = {}  # the workers' environment, when it has the Flight Recorder's pipe
+        self.nccl_env: Mapping[str, str] = nccl_env or {}  # the workers' environment (the Flight Recorder's pipe)
         self.verdict: Optional[str] = None  # the culprit sentence once a hang was decided
         self.culprit: tuple[Optional[int], Optional[str]] = (None, None)  # the rank that stands out, its host
         self.details: list[str] = []  # one line per rank of this host: where it was
@@ -467,9 +467,8 @@ def for_cluster(cluster: Cluster, rule: hangtimeout.Policy, run_dir: str, log: C
             "still count as progress")
     first = cluster.node_rank * cluster.nproc_per_node
     hosts = {first + i: cluster.current_host for i in range(cluster.nproc_per_node)}
-    hangs = HangWatch(rule.fixed or rule.start, Progress(), beats, hosts, log, watch, cluster.node_rank, rule, clock)
-    hangs.nccl_env = worker_env or {}
-    return hangs
+    return HangWatch(rule.fixed or rule.start, Progress(), beats, hosts, log, watch, cluster.node_rank, rule, clock,
+                     nccl_env=worker_env)
 
 
 def report(watch: HangWatch, limit: int) -> str:

@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import select
 import signal
 import threading
 import time
 from collections.abc import Iterable
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from launcher import proctree
 
@@ -76,16 +77,25 @@ def disk_full_note(path: str) -> Optional[str]:
             "not write their logs and error files there")
 
 
-def _fallocate() -> Optional[Callable[[int, int, int, int], int]]:
+@functools.cache
+def _libc() -> Any:
+    """The C library (``ctypes.CDLL``), loaded once; None where it cannot be (not Linux)."""
     if not hasattr(os, "sched_getaffinity"):  # not Linux
         return None
     import ctypes  # only here: costs a few milliseconds
 
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        function = libc.fallocate
-    except (OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
         return None
+
+
+def _fallocate() -> Optional[Callable[[int, int, int, int], int]]:
+    function = getattr(_libc(), "fallocate", None)
+    if function is None:
+        return None
+    import ctypes
+
     function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
     function.restype = ctypes.c_int
     return function
@@ -160,13 +170,11 @@ class _Writes:
 def _writes() -> Optional[_Writes]:
     """An inotify instance for the logs; None where there is none (not Linux, or the user's limit of
     instances reached: ``fs.inotify.max_user_instances``)."""
-    import ctypes  # already imported by _fallocate
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        init, add_watch = libc.inotify_init1, libc.inotify_add_watch
-    except (OSError, AttributeError):
+    init, add_watch = getattr(_libc(), "inotify_init1", None), getattr(_libc(), "inotify_add_watch", None)
+    if init is None or add_watch is None:
         return None
+    import ctypes
+
     init.argtypes, init.restype = (ctypes.c_int,), ctypes.c_int
     add_watch.argtypes, add_watch.restype = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32), ctypes.c_int
     fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
