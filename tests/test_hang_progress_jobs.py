@@ -8,7 +8,9 @@ namespaced hosts (``simulate --network netns``), 2 hosts of one rank each.
 - no ``--hang-timeout``, regular steps, a rank that skips a collective after the warm-up: a hang, named,
   within the learned timeout (the floor lowered by the test-only variable, so that it takes seconds).
 
-Each test proves that nothing is left (processes, work directory, the machine's network).
+The three jobs run side by side (each mostly waits: for its timeout, or through its silent phases), started
+by one fixture; each test judges its own job. Every job proves that nothing of it is left (processes, work
+directory), and the fixture that the machine's network and names are as they were.
 """
 
 from __future__ import annotations
@@ -16,20 +18,22 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Union
 
 import pytest
 from conftest import REPO, launcher_env
 from test_hang_jobs import BOUND, job_result
 from test_simulate import Simulate
-from test_simulate_netns import machine  # noqa: F401  (machine: a fixture used below)
+from test_simulate_netns import machine_state
 
 from launcher import codes, hangtimeout
 from launcher.simulate import netns
 
 WHY_NOT = netns.unavailable()
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}"),
-              pytest.mark.usefixtures("machine"), pytest.mark.job, pytest.mark.lab]
+              pytest.mark.job, pytest.mark.lab]
 
 WORKER = os.path.join(REPO, "tests", "scripts", "progress_worker.py")
 HANG_WORKER = os.path.join(REPO, "tests", "scripts", "hang_worker.py")
@@ -45,7 +49,7 @@ def line_of(mark: str, script: str) -> int:
         return next(i for i, line in enumerate(fh, 1) if line.rstrip().endswith(f"# at:{mark}"))
 
 
-def run(tmp_path: Any, name: str, script: str, *script_args: str, env: dict[str, str] | None = None,
+def run(tmp_path: Path, name: str, script: str, *script_args: str, env: dict[str, str] | None = None,
         then: tuple[str, str] | None = None) -> dict:
     """Run the job on 2 namespaced hosts to its end; prove nothing is left; exit codes, reports, timing.
     ``then``: (a pattern, a file): once a line of the job's stderr matches the pattern, the file is made."""
@@ -82,18 +86,55 @@ def check_hang(result: dict, culprit: str, timeout: float) -> None:
     assert result["since_hang"] <= timeout + BOUND, result["since_hang"]
 
 
-def test_a_deadlock_while_every_rank_prints_is_a_hang_and_named(tmp_path: Any) -> None:
-    result = run(tmp_path, "printer", WORKER, "--mode", "printer", "--rank", "1", "--at-step", "30",
-                 "--launcher-hang-timeout", f"{TIMEOUT:g}")
+SAID = r"hang timeout: ([\d.]+) s\S*(?: \(the \w+\))?, learned"  # node 0's log once it learned a timeout
+
+
+def _learned(tmp_path: Path) -> dict:
+    # The hang comes once node 0 said it learned a timeout: after the warm-up, however long a loaded machine
+    # makes it (the gaps between step-like events stretch with its stalls).
+    return run(tmp_path, "learned", HANG_WORKER, "--mode", "skip", "--rank", "1", "--at-step", str(10**8),
+               "--hang-file", str(tmp_path / "hang-now"), "--step-sleep", "0.1",
+               env={hangtimeout.FLOOR_ENV: f"{FLOOR:g}"}, then=(SAID, str(tmp_path / "hang-now")))
+
+
+JOBS = {
+    "printer": lambda tmp_path: run(tmp_path, "printer", WORKER, "--mode", "printer", "--rank", "1", "--at-step", "30",
+                                    "--launcher-hang-timeout", f"{TIMEOUT:g}"),
+    "healthy": lambda tmp_path: run(tmp_path, "healthy", WORKER, "--mode", "healthy", "--steps", "20",
+                                    "--slow-start", f"{TIMEOUT * 1.5:g}", "--quiet-phase", f"{TIMEOUT * 1.2:g}",
+                                    "--launcher-hang-timeout", f"{TIMEOUT:g}"),
+    "learned": _learned,
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: Any) -> dict[str, Union[dict, BaseException]]:
+    """Every job of :data:`JOBS` side by side, each to its end: its result, or what it raised."""
+    tmp_path = tmp_path_factory.mktemp("progress-jobs")
+    before = machine_state()
+    with ThreadPoolExecutor(len(JOBS)) as pool:
+        futures = {name: pool.submit(job, tmp_path) for name, job in JOBS.items()}
+    assert machine_state() == before  # every lab is gone: namespaces, links, hosts file, hostname
+    return {name: future.exception() or future.result() for name, future in futures.items()}
+
+
+def result_of(jobs: dict[str, Union[dict, BaseException]], name: str) -> dict:
+    """The job's result; what it raised, raised again in this test."""
+    result = jobs[name]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def test_a_deadlock_while_every_rank_prints_is_a_hang_and_named(jobs: Any) -> None:
+    result = result_of(jobs, "printer")
     assert "status: still here" in result["stdout"]  # the threads printed to the end
     check_hang(result, f"rank 1 (algo-2) at progress_worker.py:{line_of('deadlock', WORKER)} in deadlock",
                TIMEOUT)
 
 
-def test_a_slow_start_and_silent_phases_are_no_hang(tmp_path: Any) -> None:
-    result = run(tmp_path, "healthy", WORKER, "--mode", "healthy", "--steps", "20",
-                 "--slow-start", f"{TIMEOUT * 1.5:g}", "--quiet-phase", f"{TIMEOUT * 1.2:g}",
-                 "--launcher-hang-timeout", f"{TIMEOUT:g}")
+def test_a_slow_start_and_silent_phases_are_no_hang(jobs: Any) -> None:
+    result = result_of(jobs, "healthy")
     assert result["code"] == 0, result["stderr"][-4000:]
     assert all(h["exit_code"] == 0 for h in result["summary"]["hosts"])
     assert "hang:" not in result["stderr"] and set(result["reports"].values()) == {None}
@@ -101,14 +142,9 @@ def test_a_slow_start_and_silent_phases_are_no_hang(tmp_path: Any) -> None:
     assert "until the first step 120 s" in result["stderr"]  # the log says which timeout applies
 
 
-def test_the_learned_timeout_names_a_hang_after_the_warm_up(tmp_path: Any) -> None:
-    # The hang comes once node 0 said it learned a timeout: after the warm-up, however long a loaded machine
-    # makes it (the gaps between step-like events stretch with its stalls).
-    said = r"hang timeout: ([\d.]+) s\S*(?: \(the \w+\))?, learned"
-    result = run(tmp_path, "learned", HANG_WORKER, "--mode", "skip", "--rank", "1", "--at-step", str(10**8),
-                 "--hang-file", str(tmp_path / "hang-now"), "--step-sleep", "0.1",
-                 env={hangtimeout.FLOOR_ENV: f"{FLOOR:g}"}, then=(said, str(tmp_path / "hang-now")))
-    learned = [float(m) for m in re.findall(said, result["stderr"])]
+def test_the_learned_timeout_names_a_hang_after_the_warm_up(jobs: Any) -> None:
+    result = result_of(jobs, "learned")
+    learned = [float(m) for m in re.findall(SAID, result["stderr"])]
     assert learned, result["stderr"][-4000:]  # the warm-up ended before the hang, and the log said so
     assert FLOOR <= learned[-1] <= hangtimeout.CEILING_CPU  # learned (the log says so), whatever the load's stalls
     culprit = f"rank 1 (algo-2) at hang_worker.py:{line_of('skip', HANG_WORKER)} in wait_for_peer"
