@@ -8,6 +8,9 @@ plain script (it imports nothing from the launcher and only the standard library
   directory is no longer on the path), ``__loader__`` a source loader; so multiprocessing ``spawn`` and
   ``forkserver`` children, pickling classes defined in the script, sibling imports, atexit handlers and
   ``if __name__ == "__main__"`` behave as under ``python script.py``;
+- asks the kernel for SIGTERM when torchrun dies (Linux ``PR_SET_PDEATHSIG``): the launcher starts torchrun
+  with SIGKILL as its own parent-death signal (see ``launcher.supervise``), so a worker whose launcher and
+  watchdog were both killed gets SIGTERM from the kernel instead of from torchrun's shutdown;
 - sets ``TORCHELASTIC_RESTART_COUNT`` to the launcher's job-wide restart count (``DDP_LAUNCHER_GENERATION``),
   which torchrun, started with ``--max-restarts 0`` for every generation, would give as 0;
 - when the script ends, before interpreter teardown, writes the code it asked for (``SystemExit``'s
@@ -31,6 +34,7 @@ sampler too: no beat, as it should be. ``DDP_LAUNCHER_SAMPLE=0`` turns the sampl
 import contextlib
 import json
 import os
+import signal
 import socket
 import stat
 import sys
@@ -147,6 +151,22 @@ def start_sampler(environ, stop=None):
     return thread
 
 
+def die_with_torchrun():
+    """SIGTERM to this worker when its parent (torchrun) dies; at once if it already has. Returns whether the
+    kernel took the request (Linux only; never fails the script)."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
+            return False
+    except (OSError, AttributeError):  # no C library, or no prctl (not Linux)
+        return False
+    if os.getppid() != parent:  # torchrun died before the request: the signal would never come
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
 def _stderr_offset():
     """How many bytes the worker's stderr file holds (torchrun's log file); None if it is not a file."""
     try:
@@ -211,6 +231,7 @@ def run(argv):
     if os.environ.get(GENERATION_VARIABLE, "").isdigit():  # torchrun (--max-restarts 0) would say 0
         os.environ["TORCHELASTIC_RESTART_COUNT"] = os.environ[GENERATION_VARIABLE]
     sys.path[0] = os.path.dirname(os.path.realpath(path))
+    die_with_torchrun()
     module = _main_module(path)
     sampling = start_sampler(os.environ)
     try:

@@ -10,9 +10,9 @@ process. A daemon also carries the job's marker variable (``NAME=<pid>-<random h
 through every fork and exec) unless it cleared its environment; :func:`kill_tree` also looks for it
 in ``/proc/PID/environ``, as Jenkins' process-tree killer does with ``BUILD_ID``. :class:`Watchdog`
 is a forked helper in a session of its own that does all this if the launcher itself dies, even by
-SIGKILL of its whole process group. Should the watchdog be killed too, torchrun's parent-death
-signal (:func:`parent_death_signal`) is the last line: the kernel sends torchrun SIGTERM when the
-launcher dies, and torchrun ends its workers (SIGTERM, then SIGKILL after its own timeout).
+SIGKILL of its whole process group. Should the watchdog be killed too, the parent-death signals
+(:func:`parent_death_signal`) are the last line: the kernel SIGKILLs torchrun when the launcher dies,
+and each worker gets SIGTERM when torchrun dies (the bootstrap asks for it).
 """
 
 from __future__ import annotations
@@ -413,7 +413,7 @@ class Watchdog:
         if not self._lost:
             self._lost = True
             self._log(f"the watchdog (pid {self.pid}) is gone ({why}): the job goes on; should the launcher "
-                       "be killed now, torchrun's parent-death signal (SIGTERM) ends the workers")
+                       "be killed now, the parent-death signals end torchrun and its workers")
 
     def guard(self, pid: int) -> None:
         """Kill this PID's tree if the launcher dies."""

@@ -244,11 +244,13 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
     tail = StderrTail()
     sinks = (Sink(sys.stdout.buffer), Sink(sys.stderr.buffer))
     try:
-        # SIGTERM to torchrun if the launcher dies (even by SIGKILL): with the watchdog gone too, torchrun
-        # still ends its workers. Set in the child before exec (torch handles SIGTERM by shutting down).
+        # SIGKILL to torchrun if the launcher dies (even by SIGKILL), set in the child before exec; its workers
+        # then get SIGTERM, their own parent-death signal (launcher/bootstrap.py). Not SIGTERM to torchrun:
+        # the kernel sends it once per launcher thread that torchrun is handed to as the threads die, and a
+        # second one inside torch's shutdown leaves torchrun waiting for ever on its log tailers.
         proc = subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                preexec_fn=proctree.parent_death_signal(signal.SIGTERM))
+                                preexec_fn=proctree.parent_death_signal(signal.SIGKILL))
         stop.proc = proc
         for sig in FORWARD_ONLY:
             signal.signal(sig, stop.relay)

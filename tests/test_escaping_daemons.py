@@ -4,7 +4,7 @@ The class: a worker's daemon that leaves the worker's tree (double fork), change
 process group, clears its whole environment (no job marker left), or several of these at once
 (``tests/scripts/escaping_worker.py`` starts every combination in every rank); the launcher SIGKILLed
 alone or with its process group. Then: the watchdog SIGKILLed alone (a warning, the job goes on and
-exits 0), the watchdog and then the launcher SIGKILLed (torchrun's parent-death signal ends the
+exits 0), the watchdog and then the launcher SIGKILLed (the parent-death signals end torchrun and its
 workers), and a worker's own parent-death signal (:func:`launcher.proctree.die_with_parent`).
 """
 
@@ -129,8 +129,10 @@ def test_watchdog_then_launcher_killed_torchrun_ends_the_workers(tmp_path):
     err.wait_for(f"the watchdog (pid {job.watchdogs[0]}) is gone")
     proc.kill()
     proc.wait(timeout=30)
-    # The last line of defence: the kernel sends torchrun SIGTERM (its parent-death signal) and torchrun
-    # ends its workers (SIGTERM, then SIGKILL after its own 30 s timeout).
+    # The last line of defence: the kernel SIGKILLs torchrun (its parent-death signal), then sends each worker
+    # SIGTERM (theirs, asked for by the bootstrap). With SIGTERM to torchrun instead, the kernel could send it
+    # once per launcher thread as they died, and a second one inside torch's shutdown left torchrun waiting
+    # for ever on its log tailers (seen under load: torchrun alive 90 s later, its workers gone).
     waited = assert_gone([*job.torchrun, *job.workers], within=90)
     print(f"\nwatchdog, then launcher SIGKILLed: torchrun and its workers gone {waited:.2f} s later")
     import shutil
