@@ -152,19 +152,19 @@ def start_sampler(environ, stop=None):
 
 
 def die_with_torchrun():
-    """SIGTERM to this worker when its parent (torchrun) dies; at once if it already has. Returns whether the
-    kernel took the request (Linux only; never fails the script)."""
+    """SIGTERM to this worker when its parent (torchrun) dies; at once if it already has. Linux only; never
+    fails the script. ``launcher.proctree.die_with_parent`` does the same, but this file imports nothing
+    from the launcher (a script's own ``launcher`` module could stand in its way)."""
     parent = os.getppid()
     try:
         import ctypes
 
         if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
-            return False
+            return
     except (OSError, AttributeError):  # no C library, or no prctl (not Linux)
-        return False
-    if os.getppid() != parent:  # torchrun died before the request: the signal would never come
+        return
+    if parent == 1 or os.getppid() != parent:  # torchrun died before the request: the signal would never come
         os.kill(os.getpid(), signal.SIGTERM)
-    return True
 
 
 def _stderr_offset():
@@ -216,6 +216,7 @@ def _main_module(path):
 
 def run(argv):
     """Run the script ``argv[0]`` with ``argv[1:]`` as ``python script.py`` would; record its code."""
+    die_with_torchrun()
     script = argv[0]
     path = os.path.abspath(script)
     with open(path, "rb") as fh:
@@ -231,7 +232,6 @@ def run(argv):
     if os.environ.get(GENERATION_VARIABLE, "").isdigit():  # torchrun (--max-restarts 0) would say 0
         os.environ["TORCHELASTIC_RESTART_COUNT"] = os.environ[GENERATION_VARIABLE]
     sys.path[0] = os.path.dirname(os.path.realpath(path))
-    die_with_torchrun()
     module = _main_module(path)
     sampling = start_sampler(os.environ)
     try:
