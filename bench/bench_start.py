@@ -10,8 +10,9 @@ every 0.1 s. A job's time runs from starting every host until the last has exite
   it (``--nnodes N --nproc-per-node 1 --node-rank R --master-addr algo-1 --master-port P
   --rdzv-backend static --max-restarts 0``), the script directly.
 
-- ``flags``: torchrun with every flag and variable the launcher gives it (``--tee``, ``--log-dir``, its
-  bootstrap), without the launcher; ``nowatch``: the launcher with ``--no-job-watch``; ``baseline``: the
+- ``flags``: torchrun with every flag and variable the launcher gives it (``--redirects``, ``--log-dir``, its
+  bootstrap), without the launcher (nobody copies the workers' output); ``nowatch``: the launcher with
+  ``--no-job-watch``; ``baseline``: the
   launcher of another copy of the repository (``--baseline DIR``), e.g. before a change.
 
 The launcher's modules are byte-compiled first (into ``__pycache__``, as ``pip install`` does; torch's were
@@ -68,8 +69,8 @@ def argv_for(way: str, hosts: int, rank: int, steps: int, run_dir: str) -> list[
         return [*torchrun, "--max-restarts", "0", *script]
     if way == "flags":  # what the launcher gives torchrun, without the launcher
         return [*torchrun, "--rdzv-id", "ddp-launcher", "--rdzv-conf", "timeout=900", "--max-restarts", "0",
-                "--log-dir", os.path.join(run_dir, "logs"), "--tee", "3", "--log-line-prefix-template",
-                "[rank${rank}]:", os.path.join(REPO, "launcher", "bootstrap.py"), *script]
+                "--log-dir", os.path.join(run_dir, "logs"), "--redirects", "3",
+                os.path.join(REPO, "launcher", "bootstrap.py"), *script]
     return [PYTHON, "-m", "launcher", "--nproc-per-node", "1", *(["--no-job-watch"] if way == "nowatch" else []),
             *script]
 

@@ -35,6 +35,7 @@ names every module and only modules that exist):
   with hang detection on, a thread that samples the main thread (moved, or went round a loop) and beats.
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
 - ``streams``: standard streams that are always there, and writes that never fail.
+- ``workerlogs``: the workers' output, copied from torchrun's log files to our streams, each line with its rank.
 - ``logspace``: the worker logs' disk use under ``$TMPDIR`` kept bounded while torchrun runs; a full disk named.
 - ``proctree``: finding and ending the processes the launcher started (the watchdog).
 - ``jobwatch``: the launchers of one job watch each other (the wire protocol); a failed or lost host stops

@@ -24,7 +24,6 @@ from launcher.filereader import read_bounded
 from launcher.options import Options
 from launcher.platforms.base import HostView, Platform
 
-LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
 EXIT_DIR_VARIABLE = "DDP_LAUNCHER_EXIT_DIR"  # as launcher/bootstrap.py reads it
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
@@ -44,6 +43,8 @@ class Launch(NamedTuple):
     error_file: str
     log_dir: str
     notes: tuple[str, ...] = ()
+    nproc_per_node: int = 1  # torchrun's workers on this host: two log files each
+    first_rank: int = 0  # this host's first global rank, with as many workers on every host
 
     @property
     def exit_dir(self) -> str:
@@ -198,8 +199,7 @@ def build_launch(cluster: Cluster, options: Options, script: str, script_args: S
         argv += ["--standalone"]
     argv += ["--max-restarts", "0",  # restarts are job-wide, the launcher's (launcher/restart.py)
              "--log-dir", log_dir,
-             "--tee", "3",
-             "--log-line-prefix-template", LOG_PREFIX_TEMPLATE,
+             "--redirects", "3",  # the workers' output to files, which the launcher copies (launcher/workerlogs.py)
              # "--": what follows is torchrun's script and its arguments, whatever they look like (without it
              # torchrun's parser takes a script argument that abbreviates two of its options, e.g. --start, for
              # its own and exits 2: "ambiguous option")
@@ -211,4 +211,5 @@ def build_launch(cluster: Cluster, options: Options, script: str, script_args: S
     for name, value in (fabric or {}).items():
         _setdefault(changes, environ, name, value, notes)
     removed = tuple(sorted(k for k in environ if k.startswith(INHERITED_PREFIXES) and k not in changes))
-    return Launch(tuple(argv), changes, removed, run_dir, error_file, log_dir, tuple(notes))
+    return Launch(tuple(argv), changes, removed, run_dir, error_file, log_dir, tuple(notes),
+                  cluster.nproc_per_node, cluster.node_rank * cluster.nproc_per_node)

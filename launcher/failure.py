@@ -48,8 +48,8 @@ _ENTRY = re.compile(r"^\[\d+\]:\s*$")
 _RANK = re.compile(r"(-?\d+) \(local_rank: (-?\d+)\)")
 _EXITCODE = re.compile(r"(-?\d+) \(pid: (\d+)\)")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b.*)$")
-# What torch and the launcher put before a worker's line: torchrun's --tee prefix (the launcher's
-# "[rank3]:", torchrun's default "[default0]:"), torch's excepthook "[rank3]: " after init_process_group,
+# What torch and the launcher put before a worker's line: the copy's rank prefix (the launcher's
+# "[rank3]:", torchrun's --tee default "[default0]:"), torch's excepthook "[rank3]: " after init_process_group,
 # any of them nested; then a C++ log template ("[W1125 03:04:05.123 pid file.cpp:12] ...") marks a log line.
 _LINE_PREFIX = re.compile(r"^\s*\[[A-Za-z_]*\d+\]:[ \t]?")
 _LOG_TEMPLATE = re.compile(r"^\s*\[[IWEF]\d{4} ")

@@ -1,35 +1,32 @@
-"""The disk torchrun's worker logs take under ``$TMPDIR``, bounded while the job runs; a full disk, named.
+"""The disk the worker logs take under ``$TMPDIR``, bounded while the job runs; a full disk, named.
 
-torchrun's ``--tee`` redirects each worker's stdout and stderr to a file in ``--log-dir`` and tails
-that file (``torch/distributed/elastic/multiprocessing/tail_log.py``: ``open`` + ``readline``) to
-print it with the rank prefix, so every byte a worker prints would stay on disk until the job ends:
-1.1 GB of progress bars left a 1.07 GB file. The files cannot be deleted or truncated: the workers
-write at their own file offsets and the tailer reads at its own.
+torchrun's ``--redirects`` sends each worker's stdout and stderr to a file in ``--log-dir``, which
+:class:`launcher.workerlogs.LogCopier` copies to the launcher's streams; so every byte a worker prints
+would stay on disk until the job ends: 1.1 GB of progress bars left a 1.07 GB file. The files cannot be
+deleted or truncated: the workers write at their own file offsets and the copier reads at its own.
 
 :class:`LogTrimmer` instead punches holes (``fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)``)
-in what torchrun's tailer has already read: the file keeps its size and every offset stays valid,
-only the blocks are freed. How far the tailer has read is the position of torchrun's read-only
-descriptor on the file (``/proc/PID/fdinfo``). The last :data:`KEEP_BYTES` of each file stay, so
-the root-cause search (the last 256 KiB of a rank's stderr) reads exactly what it would have read.
-A file no descriptor of torchrun reads is left alone. Where the file system cannot punch holes the
-logs grow as before, and the launcher says so once.
+in what the copier has already read: the file keeps its size and every offset stays valid, only the
+blocks are freed. The last :data:`KEEP_BYTES` of each file stay, so the root-cause search (the last
+256 KiB of a rank's stderr) reads exactly what it would have read. A file not copied yet is left alone.
+Where the file system cannot punch holes the logs grow as before, and the launcher says so once.
 
-A worker can print faster than torchrun copies (its tailer reads a line at a time). A pipe would then
+A worker can print faster than the copy goes (our own stdout may be a slow pipe). A pipe would then
 make the worker wait; here a worker more than :data:`LAG_LIMIT` ahead of the copy is paused (SIGSTOP)
-until torchrun has copied half of that, exactly a pipe's back-pressure with a 32 MiB buffer. A paused
-worker is resumed at once when the job is being stopped, when torchrun itself is frozen, and when
-the trimmer stops. So each log takes at most ``KEEP_BYTES + LAG_LIMIT`` on disk, plus what a worker
-writes between two looks: the trimmer reads torchrun's descriptors every :data:`EVERY` but stats the
-logs every :data:`CHECK_EVERY`, and trims at once a log that grew fast (a worker writing into the page
-cache at 4 GB/s wrote 1 GB in one 0.25 s period before this check existed).
+until half of that is copied, exactly a pipe's back-pressure with a 32 MiB buffer. A paused worker is
+resumed at once when the job is being stopped, when the copy has ended, and when the trimmer stops.
+So each log takes at most ``KEEP_BYTES + LAG_LIMIT`` on disk, plus what a worker writes between two
+looks: the trimmer trims every :data:`EVERY` but stats the logs every :data:`CHECK_EVERY`, and trims at
+once a log that grew fast (a worker writing into the page cache at 4 GB/s wrote 1 GB in one 0.25 s
+period before this check existed).
 
 Looking 50 times a second costs about 1 % of a core (each wake of a sleeping thread costs 0.1-0.2 ms
 here), and most jobs print a line now and then. So once the logs are known the trimmer sleeps until a
-worker writes to one (inotify, :class:`_Writes`), and looks at once: a flood is seen at its first write.
+worker writes to one (inotify, :class:`Writes`), and looks at once: a flood is seen at its first write.
 It goes back to looking every :data:`CHECK_EVERY` while writes come more often than that, a log lags or
-a worker is paused, and it reads torchrun's descriptors every :data:`EVERY` only while a log is larger
-than :data:`KEEP_BYTES` (before that there is nothing to free and nothing can lag), else every
-:data:`IDLE_EVERY`. Where inotify is missing it looks every :data:`CHECK_EVERY`, as before.
+a worker is paused, and it trims every :data:`EVERY` only while a log is larger than :data:`KEEP_BYTES`
+(before that there is nothing to free and nothing can lag), else every :data:`IDLE_EVERY`. Where inotify
+is missing it looks every :data:`CHECK_EVERY`, as before.
 """
 
 from __future__ import annotations
@@ -48,11 +45,11 @@ from typing import Any, Callable, Optional
 from launcher import proctree
 
 KEEP_BYTES = 1 << 20  # of each log, the last MiB stays on disk (the root-cause search reads 256 KiB)
-LAG_LIMIT = 32 << 20  # bytes of a log torchrun has not copied yet beyond which its worker is paused
-EVERY = 0.25  # seconds between two trims (reading torchrun's descriptors in /proc) ...
+LAG_LIMIT = 32 << 20  # bytes of a log not copied yet beyond which its worker is paused
+EVERY = 0.25  # seconds between two trims ...
 CHECK_EVERY = 0.02  # ... and between two looks at the logs' sizes: a log that grew by GROWTH is trimmed at once,
 GROWTH = LAG_LIMIT // 4  # as is every log while one lags or none is known yet (a worker can write 4 GB/s)
-IDLE_EVERY = 1.0  # seconds between two reads of torchrun's descriptors while every log is under KEEP_BYTES
+IDLE_EVERY = 1.0  # seconds between two trims while every log is under KEEP_BYTES
 START_EVERY = 0.1  # seconds between two looks for the first log while torchrun has created none
 FREE_MIN = 1 << 20  # a TMPDIR with less free space than this is full: nothing could run from it
 _PUNCH_HOLE_KEEP_SIZE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (linux/falloc.h)
@@ -101,33 +98,9 @@ def _fallocate() -> Optional[Callable[[int, int, int, int], int]]:
     return function
 
 
-def _read_positions(pid: int, log_dir: str) -> dict[str, int]:
-    """Path -> the smallest position among ``pid``'s read-only descriptors on a file under ``log_dir``
-    (0 for a file ``pid`` only writes: torchrun has not started copying it yet)."""
-    positions: dict[str, int] = {}
-    written: set[str] = set()
-    prefix = os.path.join(os.path.realpath(log_dir), "")
-    with contextlib.suppress(OSError):
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if not target.startswith(prefix):
-                    continue
-                with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as fh:
-                    info = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
-            except (OSError, ValueError):
-                continue
-            if int(info.get(b"flags", b"0").strip(), 8) & os.O_ACCMODE == os.O_RDONLY:
-                pos = int(info.get(b"pos", b"0").strip())
-                positions[target] = min(pos, positions.get(target, pos))
-            else:  # a worker's own descriptor (torchrun keeps a copy): the worker writes through it
-                written.add(target)
-    return {**dict.fromkeys(written, 0), **positions}
-
-
-class _Writes:
+class Writes:
     """Wakes a thread when a worker writes to one of the watched logs (inotify ``IN_MODIFY``), or when
-    :meth:`wake` is called. :func:`_writes` makes one; None where inotify cannot be used."""
+    :meth:`wake` is called. :func:`watch_writes` makes one; None where inotify cannot be used."""
 
     IN_MODIFY = 0x2
 
@@ -167,7 +140,7 @@ class _Writes:
                 os.close(fd)
 
 
-def _writes() -> Optional[_Writes]:
+def watch_writes() -> Optional[Writes]:
     """An inotify instance for the logs; None where there is none (not Linux, or the user's limit of
     instances reached: ``fs.inotify.max_user_instances``)."""
     init, add_watch = getattr(_libc(), "inotify_init1", None), getattr(_libc(), "inotify_add_watch", None)
@@ -178,25 +151,31 @@ def _writes() -> Optional[_Writes]:
     init.argtypes, init.restype = (ctypes.c_int,), ctypes.c_int
     add_watch.argtypes, add_watch.restype = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32), ctypes.c_int
     fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
-    return _Writes(fd, add_watch) if fd >= 0 else None
+    return Writes(fd, add_watch) if fd >= 0 else None
 
 
 class LogTrimmer:
-    """A thread that keeps the worker logs of one torchrun small on disk while it runs."""
+    """A thread that keeps the worker logs of one torchrun small on disk while it runs.
+
+    ``positions`` says how far each log is copied (:meth:`launcher.workerlogs.LogCopier.positions`);
+    ``copying`` whether the copy goes on (when it has ended no worker is held back for it).
+    """
 
     def __init__(self, torchrun_pid: int, log_dir: str, log: Callable[[str], None],
+                 positions: Callable[[], dict[str, int]], copying: Callable[[], bool] = lambda: True,
                  stopping: Callable[[], bool] = lambda: False) -> None:
         self.pid, self.log_dir, self.log, self.stopping = torchrun_pid, log_dir, log, stopping
+        self.positions, self.copying = positions, copying
         self.punched: dict[str, int] = {}  # path -> bytes from 0 already punched
         self.paused: dict[int, str] = {}  # worker PID -> the log it is too far ahead in
         self.pauses = 0
         self.freed = 0
-        self.behind = 0  # the largest number of bytes a log is ahead of torchrun's copy, at the last trim
+        self.behind = 0  # the largest number of bytes a log is ahead of the copy, at the last trim
         self.sizes: dict[str, int] = {}  # path -> its size at the last trim
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._fallocate = _fallocate()
-        self._writes = _writes() if self._fallocate is not None else None
+        self._writes = watch_writes() if self._fallocate is not None else None
         self._thread = threading.Thread(target=self._run, name="log-trimmer", daemon=True)
         if self._fallocate is not None:
             self._thread.start()
@@ -233,15 +212,15 @@ class LogTrimmer:
                 continue
             looked = now
             if not self.sizes and not _has_entries(self.log_dir):
-                continue  # torchrun has started no worker: no log yet (one listdir, not all of its descriptors)
+                continue  # torchrun has started no worker: no log yet
             known = set(self.sizes)
             with self._lock:
                 if self._stop.is_set():
                     return
                 self.trim()
             watched = self._writes is not None and self._writes.watch(self.sizes)
-            # often while torchrun's copy lags, a worker is paused, or the logs are not all known yet (none,
-            # or new ones since the last trim: torchrun opens one rank's after the other)
+            # often while the copy lags, a worker is paused, or the logs are not all known yet (none, or new
+            # ones since the last trim: torchrun opens one rank's after the other)
             fast = self.behind > LAG_LIMIT // 4 or bool(self.paused) or not self.sizes or set(self.sizes) != known
             small = max(self.sizes.values(), default=0) < KEEP_BYTES  # nothing to free, nothing can lag
             next_trim = now + (CHECK_EVERY if fast else IDLE_EVERY if small else EVERY)
@@ -252,16 +231,16 @@ class LogTrimmer:
         return any(sizes.get(path, 0) - size > GROWTH for path, size in self.sizes.items())
 
     def trim(self) -> int:
-        """Punch what torchrun has read of each log, but its last :data:`KEEP_BYTES`; pause or resume
-        the workers too far ahead of torchrun's copy. Returns the bytes freed."""
+        """Punch what is copied of each log, but its last :data:`KEEP_BYTES`; pause or resume the
+        workers too far ahead of the copy. Returns the bytes freed."""
         freed = 0
-        positions = _read_positions(self.pid, self.log_dir)
+        positions = self.positions()
         self.sizes = {path: _size(path) for path in positions}
         lags = {path: self.sizes[path] - pos for path, pos in positions.items()}
         self.behind = max(lags.values(), default=0)
         self._pace(lags)
         for path, pos in positions.items():
-            end = min(pos, _size(path) - KEEP_BYTES) // _BLOCK * _BLOCK  # 0 until torchrun reads it
+            end = min(pos, _size(path) - KEEP_BYTES) // _BLOCK * _BLOCK  # 0 until copied
             start = self.punched.get(path, 0)
             if end <= start:
                 continue
@@ -274,7 +253,7 @@ class LogTrimmer:
 
     def _pace(self, lags: dict[str, int]) -> None:
         """Pause the writer of a log more than :data:`LAG_LIMIT` ahead; resume it below half of that."""
-        hold = not self.stopping() and proctree.state(self.pid) not in ("T", "t", "Z", None)
+        hold = not self.stopping() and self.copying()
         for pid, path in list(self.paused.items()):
             if not hold or lags.get(path, 0) < LAG_LIMIT // 2:
                 self._signal(pid, signal.SIGCONT)

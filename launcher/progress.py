@@ -1,8 +1,8 @@
 """When each rank was last heard: its output lines, and the explicit beats of scripts that print rarely.
 
-- Output: torchrun copies every worker line to the launcher with a ``[rankN]:`` prefix (``--tee``);
-  :meth:`Progress.feed` takes the chunks the supervisor's output pumps read and notes the ranks whose
-  lines they hold (one regular-expression scan of the chunk; nothing is kept).
+- Output: the launcher copies every worker line from torchrun's log files with a ``[rankN]:`` prefix
+  (:mod:`launcher.workerlogs`); :meth:`Progress.feed` takes the chunks it and the supervisor's output pumps
+  copy and notes the ranks whose lines they hold (one regular-expression scan of the chunk; nothing is kept).
 - Beats: the launcher binds a UNIX datagram socket in the run directory and names it in the workers'
   environment (:data:`BEAT_ENV`). A script sends its rank as a datagram, e.g. once per step::
 

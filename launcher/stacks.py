@@ -3,10 +3,10 @@
 The workers run with ``PYTHONFAULTHANDLER=1``: faulthandler's handler for :data:`STACK_SIGNAL` (SIGABRT) is a
 C function that writes every thread's Python stack to file descriptor 2 and lets the process end. It needs
 no GIL and no Python code runs, so a rank stuck in a C call, a collective or a busy loop dumps all the same.
-Under ``--tee`` that descriptor is torchrun's log file of the worker (``/proc/PID/fd/2``), so the dump is
-read straight from it, from where the file ended when the worker was frozen. Nothing on the way depends on
-another process being scheduled: not torchrun's tail threads (a line at a time, polled every 0.1 s, through
-torchrun's GIL), nor the launcher's output pumps, whose output was waited for a fixed 10 s before.
+Under ``--redirects`` that descriptor is torchrun's log file of the worker (``/proc/PID/fd/2``), so the dump
+is read straight from it, from where the file ended when the worker was frozen. Nothing on the way depends on
+another thread being scheduled: not the copy of the workers' output (:mod:`launcher.workerlogs`; before it,
+torchrun's ``--tee`` threads), nor the launcher's output pumps, whose output was waited for a fixed 10 s before.
 
 :func:`take` freezes torchrun (SIGSTOP) while the workers dump, so it cannot stop a worker (SIGTERM after
 another one died) before that worker ran its handler, and continues it afterwards. A worker is done when it

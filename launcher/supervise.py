@@ -16,8 +16,9 @@
   path as SIGTERM, with a shorter grace period.
 - ``direct``: the launch is the script itself, not torchrun (a host outside the training world,
   :mod:`launcher.groups`): the signals go to it, and it is its own worker.
-- The worker logs torchrun's ``--tee`` keeps under ``$TMPDIR`` stay small on disk while it runs
-  (:class:`~launcher.logspace.LogTrimmer`).
+- The workers' output: torchrun writes it to files (``--redirects``) under ``$TMPDIR``, which the launcher
+  copies to its own streams with each line's rank (:class:`~launcher.workerlogs.LogCopier`) and keeps small
+  on disk while it runs (:class:`~launcher.logspace.LogTrimmer`).
 - A :class:`~launcher.proctree.Watchdog` kills the tree (and everything with the job's marker) if
   the launcher itself is killed.
 """
@@ -40,6 +41,7 @@ from launcher import proctree
 from launcher.command import Launch
 from launcher.logspace import LogTrimmer
 from launcher.outcome import Outcome
+from launcher.workerlogs import LogCopier
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Signals that ask the workers for something without stopping the job (SLURM's --signal=USR1@60: "the
@@ -78,20 +80,23 @@ class StderrTail:
         self.line_bytes = line_bytes
         self.done: collections.deque[bytes] = collections.deque(maxlen=lines)
         self.partial = b""  # the line still being received, already cut
+        self.lock = threading.Lock()  # fed by torchrun's stderr pump and the workers' log copier
 
     def feed(self, data: bytes) -> None:
         """Take the next bytes of the stream (at most a chunk: splitting it is bounded by its size)."""
         cap = self.line_bytes
         parts = data.split(b"\n")
-        if len(parts) > 1:
-            self.done.append((self.partial + parts[0][:cap])[:cap])
-            self.done.extend(part[:cap] for part in parts[1:-1][-(self.done.maxlen or 1):])
-            self.partial = b""
-        self.partial = (self.partial + parts[-1][:cap])[:cap]
+        with self.lock:
+            if len(parts) > 1:
+                self.done.append((self.partial + parts[0][:cap])[:cap])
+                self.done.extend(part[:cap] for part in parts[1:-1][-(self.done.maxlen or 1):])
+                self.partial = b""
+            self.partial = (self.partial + parts[-1][:cap])[:cap]
 
     def lines(self) -> list[str]:
         """The kept lines, decoded (bad bytes replaced), the unfinished last one included."""
-        kept = list(self.done) + ([self.partial] if self.partial else [])
+        with self.lock:
+            kept = list(self.done) + ([self.partial] if self.partial else [])
         return [line.decode("utf-8", "replace") for line in kept[-(self.done.maxlen or 1):]]
 
 
@@ -128,6 +133,15 @@ class Sink:
         """Write nothing more (after a write under way has finished). The stream itself stays open."""
         with self._lock:
             self._stream = None
+
+
+def _deliver(sink: Sink, tail: Optional[StderrTail], feed: Optional[Callable[[bytes], None]], chunk: bytes) -> None:
+    """Hand the workers' lines (:class:`~launcher.workerlogs.LogCopier`) on as :func:`_pump` does torchrun's."""
+    sink.write(chunk)
+    if tail is not None:
+        tail.feed(chunk)
+    if feed is not None:
+        feed(chunk)
 
 
 def _pump(source: IO[bytes], sink: Optional[IO[bytes]], tail: Optional[StderrTail],
@@ -255,11 +269,17 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         for sig in FORWARD_ONLY:
             signal.signal(sig, stop.relay)
         watchdog.guard(proc.pid)
-        trimmer = LogTrimmer(proc.pid, launch.log_dir, log, lambda: stop.signal is not None)  # bounded disk use
         log(f"{'the script' if direct else 'torchrun'} started as pid {proc.pid}")
         if stop.signal is not None:  # arrived while starting
             stop(stop.signal)
         feeds = (None, None) if hangs is None else (hangs.feed, functools.partial(hangs.feed, stderr=True))
+        copier = trimmer = None
+        if not direct:  # the workers' output, from their log files, and the disk those take
+            writes = (functools.partial(_deliver, sinks[0], None, feeds[0]),
+                      functools.partial(_deliver, sinks[1], tail, feeds[1]))
+            copier = LogCopier(launch.log_dir, proc.pid, launch.first_rank, 2 * launch.nproc_per_node, writes, log)
+            trimmer = LogTrimmer(proc.pid, launch.log_dir, log, copier.positions, copier.copying,
+                                 lambda: stop.signal is not None)
         pumps = [threading.Thread(target=_pump, args=(proc.stdout, sinks[0], None, feeds[0]), daemon=True),
                  threading.Thread(target=_pump, args=(proc.stderr, sinks[1], tail, feeds[1]), daemon=True)]
         if hangs is not None:
@@ -269,14 +289,16 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         rendezvous_by = None if rendezvous_timeout is None else time.monotonic() + rendezvous_timeout
         reported = functools.partial(failure_reported, tail) if quick_end and not direct else None
         returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by, reported)
-        trimmer.stop()
+        if trimmer is not None:
+            trimmer.stop()
         leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
         if leftovers:
             log(f"killed {leftovers} process(es) torchrun left behind")
+        copied = copier is None or copier.stop(PUMP_DRAIN)  # the workers' last lines, at once
         for pump in pumps:  # at once, unless starved of CPU or a process outside the tree holds a pipe
             pump.join(timeout=PUMP_DRAIN)
         late = [pump for pump in pumps if pump.is_alive()]
-        if late:
+        if late or not copied:
             log(f"the job's output still open {PUMP_DRAIN:g} s after its end: the rest is not shown")
     finally:
         for sink in sinks:  # whatever the pumps copy from now on would come after the report

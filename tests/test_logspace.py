@@ -1,9 +1,8 @@
-"""The worker logs' disk budget (launcher/logspace.py): holes only where torchrun's tailer has read.
+"""The worker logs' disk budget (launcher/logspace.py): holes only where the copy has read.
 
-A real process plays torchrun's tailer: it opens a log read-only and reads a known number of bytes.
-The trimmer must free exactly the blocks before that position (keeping the last MiB whatever the
-position), leave the file's size and every byte after them as they were, and never touch a log that
-no reader has opened.
+The copier's positions (launcher/workerlogs.py) are given as a value. The trimmer must free exactly the
+blocks before each position (keeping the last MiB whatever the position), leave the file's size and
+every byte after them as they were, and never touch a log the copy does not know.
 """
 
 from __future__ import annotations
@@ -14,17 +13,9 @@ import time
 
 from conftest import PYTHON, REPO, assert_gone
 
-from launcher import logspace
+from launcher import logspace, proctree
 
 MiB = 1 << 20
-READER = """import os, sys, time
-fd = os.open(sys.argv[1], os.O_RDONLY)
-left = int(sys.argv[2])
-while left:
-    left -= len(os.read(fd, min(left, 1 << 20)))
-print("read", flush=True)
-time.sleep(600)
-"""
 
 
 def make_log(root, name: str, size: int) -> str:
@@ -38,36 +29,27 @@ def allocated(path: str) -> int:
     return os.stat(path).st_blocks * 512
 
 
-def test_holes_only_behind_the_tailer_and_never_in_the_last_mib(tmp_path):
+def test_holes_only_behind_the_copy_and_never_in_the_last_mib(tmp_path):
     data_size = 8 * MiB
-    cases = {"0/stdout.log": 6 * MiB, "1/stdout.log": 7 * MiB + 4000, "2/stderr.log": 1000}
+    cases = {"0/stdout.log": 6 * MiB, "1/stdout.log": 7 * MiB + 4000, "2/stderr.log": 1000, "3/stdout.log": 0}
     paths = {name: make_log(tmp_path, name, data_size) for name in cases}
-    untouched = make_log(tmp_path, "3/stderr.log", data_size)  # nobody reads it: left alone
+    untouched = make_log(tmp_path, "3/stderr.log", data_size)  # the copy does not know it: left alone
     original = (tmp_path / "logs" / "job" / "attempt_0" / "0" / "stdout.log").read_bytes()  # every log's bytes
-    readers = [subprocess.Popen([PYTHON, "-c", READER, paths[name], str(pos)], stdout=subprocess.PIPE)
-               for name, pos in cases.items()]
-    try:
-        for reader in readers:
-            assert reader.stdout.readline() == b"read\n"
-        # Each reader plays torchrun for its own log (the trimmer looks at one process's descriptors).
-        for reader, (name, pos) in zip(readers, cases.items()):
-            trimmer = logspace.LogTrimmer(reader.pid, str(tmp_path / "logs"), print)
-            trimmer.stop()  # no thread: one trim, by hand
-            trimmer.trim()
-            expected = min(pos, data_size - logspace.KEEP_BYTES) // 4096 * 4096
-            assert trimmer.punched.get(os.path.realpath(paths[name]), 0) == expected, name
-            assert os.path.getsize(paths[name]) == data_size  # offsets stay valid
-            assert allocated(paths[name]) <= data_size - expected + 64 * 1024, name
-            with open(paths[name], "rb") as fh:
-                content = fh.read()
-            assert content[:expected] == bytes(expected)  # a hole reads as zeros
-            assert content[expected:] == original[expected:], name  # everything not yet read is intact
-        assert allocated(untouched) >= data_size
-    finally:
-        for reader in readers:
-            reader.kill()
-            reader.wait()
-    assert_gone([r.pid for r in readers])
+    positions = {paths[name]: pos for name, pos in cases.items()}
+    trimmer = logspace.LogTrimmer(os.getpid(), str(tmp_path / "logs"), print, lambda: positions)
+    trimmer.stop()  # no thread: one trim, by hand
+    trimmer.trim()
+    assert trimmer.paused == {}  # nothing lags by 32 MiB
+    for name, pos in cases.items():
+        expected = min(pos, data_size - logspace.KEEP_BYTES) // 4096 * 4096
+        assert trimmer.punched.get(paths[name], 0) == expected, name
+        assert os.path.getsize(paths[name]) == data_size  # offsets stay valid
+        assert allocated(paths[name]) <= data_size - expected + 64 * 1024, name
+        with open(paths[name], "rb") as fh:
+            content = fh.read()
+        assert content[:expected] == bytes(expected)  # a hole reads as zeros
+        assert content[expected:] == original[expected:], name  # everything not yet read is intact
+    assert allocated(untouched) >= data_size
 
 
 def test_a_full_disk_is_named(tmp_path):
@@ -95,20 +77,17 @@ def test_a_full_tmpfs_is_named(tmp_path):
 
 
 WRITER = """import os, sys, time
-read = os.open(sys.argv[1], os.O_RDONLY)  # the tailer's descriptor, as torchrun's
-write = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)  # the worker's, which torchrun keeps a copy of
+write = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)  # the worker's descriptor
 print("ready", flush=True)
-for line in sys.stdin:  # a size in MiB: write it, and read all of it as the tailer would
+for line in sys.stdin:  # a size in MiB: write it
     os.write(write, b"x" * (int(line) << 20))
-    while os.read(read, 1 << 20):
-        pass
     print("written", flush=True)
 """
 
 
 def test_the_trimmer_sleeps_until_a_log_is_written_sees_a_flood_at_once_and_stops_at_once(tmp_path):
-    # One process plays torchrun (it holds the log for reading and for writing); the trimmer learns of the
-    # log, then sleeps until it is written (inotify): a burst of 40 MiB after a quiet second is freed
+    # One process plays the worker, the test the copier (it has read everything written); the trimmer learns
+    # of the log, then sleeps until it is written (inotify): a burst of 40 MiB after a quiet second is freed
     # without waiting for the next periodic trim (1 s while the logs are small), and stop() returns at once
     # wherever the thread is (it once read its wake-up pipe until a blocking read never returned: 5 s).
     log = make_log(tmp_path, "0/stdout.log", 0)
@@ -116,7 +95,8 @@ def test_the_trimmer_sleeps_until_a_log_is_written_sees_a_flood_at_once_and_stop
     trimmer = None
     try:
         assert proc.stdout.readline() == b"ready\n"  # type: ignore[union-attr]
-        trimmer = logspace.LogTrimmer(proc.pid, str(tmp_path / "logs"), print)
+        trimmer = logspace.LogTrimmer(proc.pid, str(tmp_path / "logs"), print,
+                                      lambda: {log: os.path.getsize(log)})  # all of it copied
         waited = time.monotonic() + 30
         while trimmer.sizes != {log: 0} and time.monotonic() < waited:
             time.sleep(0.01)
@@ -140,3 +120,51 @@ def test_the_trimmer_sleeps_until_a_log_is_written_sees_a_flood_at_once_and_stop
         proc.kill()
         proc.wait()
     assert_gone([proc.pid])
+
+
+def test_a_worker_far_ahead_of_the_copy_waits_for_it_as_a_pipe_would(tmp_path):
+    # The worker (a child of this test, which plays torchrun) writes to its log as stdout, 1 MiB every 3 ms,
+    # until killed. While the copy stands still it is paused once 32 MiB ahead (a few more under load); once
+    # the copy keeps up it is resumed. A worker writing 96 MiB while the copy has ended (nobody would ever
+    # catch up) is never held.
+    log = make_log(tmp_path, "0/stdout.log", 0)
+    copied = {"pos": 0, "copying": True, "keeps_up": False}
+    code = ("import os, sys, time\nfor _ in range(int(sys.argv[1])):\n"
+            "    os.write(1, b'x' * (1 << 20))\n    time.sleep(0.003)\n")
+
+    def positions() -> dict[str, int]:
+        return {log: os.path.getsize(log) if copied["keeps_up"] else copied["pos"]}
+
+    trimmer = logspace.LogTrimmer(os.getpid(), str(tmp_path / "logs"), print, positions, lambda: copied["copying"])
+    procs = []
+    try:
+        with open(log, "ab") as out:
+            procs.append(subprocess.Popen([PYTHON, "-c", code, str(1 << 30)], stdout=out))
+        waited = time.monotonic() + 60
+        while not trimmer.paused and time.monotonic() < waited:
+            time.sleep(0.01)
+        assert list(trimmer.paused) == [procs[0].pid], "the worker was not paused"
+        assert proctree.state(procs[0].pid) in ("T", "t")
+        size = os.path.getsize(log)
+        assert logspace.LAG_LIMIT < size <= 3 * logspace.LAG_LIMIT, size
+        time.sleep(0.5)
+        assert os.path.getsize(log) == size  # it waits
+        copied["keeps_up"] = True
+        while os.path.getsize(log) < size + 8 * MiB and time.monotonic() < waited:
+            time.sleep(0.01)
+        assert os.path.getsize(log) >= size + 8 * MiB and not trimmer.paused  # resumed: it writes on
+        assert trimmer.pauses == 1
+        procs[0].kill()
+        procs[0].wait()
+        copied.update(keeps_up=False, copying=False)  # the copy has ended: a worker is never held
+        size = os.path.getsize(log)
+        with open(log, "ab") as out:
+            procs.append(subprocess.Popen([PYTHON, "-c", code, "96"], stdout=out))
+        assert procs[1].wait(timeout=60) == 0
+        assert os.path.getsize(log) == size + 96 * MiB and trimmer.pauses == 1
+    finally:
+        trimmer.stop()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert_gone([proc.pid for proc in procs])

@@ -1,7 +1,7 @@
 """The root cause is found whatever torch and the launcher put before a worker's lines.
 
 torch's excepthook (after ``init_process_group``) prefixes every line of an uncaught exception's
-traceback with ``[rankN]: ``; torchrun's ``--tee`` adds the launcher's ``[rank${rank}]:`` (or its own
+traceback with ``[rankN]: ``; the launcher's copy adds ``[rankN]:`` (torchrun's ``--tee`` its own
 ``[default0]:``); C++ log lines start ``[W1125 03:04:05.123 ...]``. A hypothesis test over those
 prefixes, then real runs of a script that raises after ``init_process_group``, with and without
 ``@record``, on 1 host and on 2: line 2 of every host's report is the exception, a peer's "Connection
@@ -24,7 +24,7 @@ NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}(\.[A-Za-z_][A-Za-z0-9_]{0,10
 SUFFIXES = st.sampled_from(["Error", "Exception", "Interrupt", "Exit", "Failure"])
 MESSAGES = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=80)
 PREFIX = st.one_of(
-    st.integers(0, 10**6).map(lambda n: f"[rank{n}]:"),  # the launcher's --tee template
+    st.integers(0, 10**6).map(lambda n: f"[rank{n}]:"),  # the launcher's copy (launcher/workerlogs.py)
     st.integers(0, 10**6).map(lambda n: f"[rank{n}]: "),  # torch's excepthook
     st.integers(0, 999).map(lambda n: f"[default{n}]:"),  # torchrun's own tee prefix
     st.tuples(st.from_regex(r"[a-z_]{1,12}", fullmatch=True), st.integers(0, 99)).map(lambda t: f"[{t[0]}{t[1]}]:"))

@@ -327,7 +327,7 @@ def dry_run(argv: list[str], env: dict[str, str], cwd) -> dict:
     proc = subprocess.run(argv, cwd=str(cwd), env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, (argv, proc.stderr[-2000:])
     plan = json.loads(proc.stdout[proc.stdout.index("{"):])
-    script = plan["argv"][plan["argv"].index("--tee") + 5]
+    script = plan["argv"][plan["argv"].index("--") + 2]  # after the bootstrap
     assert os.path.isfile(os.path.join(str(cwd), script)), script  # the script the example names is there
     return plan
 
