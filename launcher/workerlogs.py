@@ -104,6 +104,7 @@ class LogCopier:
         self._lock = threading.Lock()  # the positions, read by the trimmer's thread
         self._stop = threading.Event()
         self._watch = watch_writes()
+        self._poll = self._watch is None  # look every CHECK_EVERY (no inotify, or out of watches)
         self._thread = threading.Thread(target=self._run, name="log-copier", daemon=True)
         self._thread.start()
 
@@ -140,13 +141,13 @@ class LogCopier:
                     os.close(entry.fd)
 
     def _loop(self) -> None:
+        ended = False  # the stop has come and the logs were looked for once more: copy to their ends
         while True:
-            ending = self._stop.is_set()
-            if len(self.logs) < self.expected or ending:
+            if not ended and (len(self.logs) < self.expected or self._stop.is_set()):
+                ended = self._stop.is_set()
                 self._find()
-            while self._copy_round():
-                pass  # a log had more than a chunk: another round, each log in turn
-            if ending:
+            more = self._copy_round()  # a log had more than a chunk: another round, each log in turn
+            if ended and not more:
                 for entry in self.logs.values():
                     self._write(entry, entry.text(b"", final=True))
                 return
@@ -154,12 +155,13 @@ class LogCopier:
             for entry in self.logs.values():
                 if entry.partial and now - entry.since >= PARTIAL_AFTER:
                     self._write(entry, entry.flush())
+            if more:
+                continue
             waits = [entry.since + PARTIAL_AFTER - now for entry in self.logs.values() if entry.partial]
             if len(self.logs) < self.expected:
                 waits.append(FIND_EVERY)
-            if self._watch is None:
-                waits.append(CHECK_EVERY)
-                self._stop.wait(min(waits))
+            if self._poll or self._watch is None:
+                self._stop.wait(min([*waits, CHECK_EVERY]))
             else:
                 self._watch.wait(min(waits, default=3600.0))
 
@@ -171,9 +173,8 @@ class LogCopier:
                 local = os.path.basename(os.path.dirname(path))
                 if path in self.logs or not local.isdigit():
                     continue
-                if self._watch is not None and not self._watch.watch([path]):
-                    self._watch.close()  # out of inotify watches: look every CHECK_EVERY instead
-                    self._watch = None
+                if not self._poll and self._watch is not None and not self._watch.watch([path]):
+                    self._poll = True  # out of inotify watches (fs.inotify.max_user_watches): look instead
                 with self._lock:
                     self.logs[path] = _Log(path, int(local), stream)
 

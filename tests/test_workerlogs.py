@@ -142,3 +142,33 @@ def test_a_worker_gone_before_its_rank_was_read_gets_the_first_rank_plus_its_loc
     assert copier.stop()
     assert b"".join(got) == b"[rank9]:Traceback (most recent call last):\n[rank9]:KeyError: 3\n"
     assert not copier._thread.is_alive() and copier._watch is None
+
+
+def test_a_flood_in_one_log_holds_back_neither_the_search_for_new_logs_nor_their_lines(tmp_path):
+    # Rank 0's log holds 64 MiB before the copy starts (1024 chunks: the copier always has more to read);
+    # its first chunk makes rank 1's log appear (written from the copier's own thread, so the order is
+    # fixed). Rank 1's line comes long before the end of rank 0's flood.
+    first = tmp_path / "job_x" / "attempt_0" / "0"
+    first.mkdir(parents=True)
+    with open(first / "stdout.log", "wb") as fh:
+        for _ in range(64):
+            fh.write((b"y" * 1023 + b"\n") * 1024)
+    (first / "stderr.log").write_bytes(b"")
+    order: list[str] = []
+
+    def write(chunk: bytes) -> None:
+        if not order:
+            second = tmp_path / "job_x" / "attempt_0" / "1"
+            second.mkdir()
+            (second / "stderr.log").write_bytes(b"")
+            (second / "stdout.log").write_bytes(b"hello\n")
+        order.append("hello" if b"hello" in chunk else "flood")
+
+    copier = workerlogs.LogCopier(str(tmp_path), os.getpid(), 0, 4, (write, write), print)
+    total = 64 * 1024 * 1024 + len("hello\n")
+    waited = time.monotonic() + 120
+    while copier.copied < total and time.monotonic() < waited:
+        time.sleep(0.01)
+    assert copier.stop()
+    assert order.count("hello") == 1 and order.index("hello") < 10, order.index("hello")
+    assert copier.copied == total
