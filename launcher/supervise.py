@@ -80,7 +80,7 @@ class StderrTail:
         self.line_bytes = line_bytes
         self.done: collections.deque[bytes] = collections.deque(maxlen=lines)
         self.partial = b""  # the line still being received, already cut
-        self.lock = threading.Lock()  # fed by torchrun's stderr pump and the workers' log copier
+        self.lock = threading.Lock()  # fed by one thread, read by another
 
     def feed(self, data: bytes) -> None:
         """Take the next bytes of the stream (at most a chunk: splitting it is bounded by its size)."""
@@ -255,13 +255,14 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
     previous.update({sig: signal.signal(sig, signal.SIG_IGN) for sig in FORWARD_ONLY})  # inherited by torchrun
     if watch is not None:
         watch.attach(stop.request)
-    tail = StderrTail()
+    tail = StderrTail()  # torchrun's own stderr: its failure table ends it
+    worker_tail = StderrTail()  # the workers' stderr lines, as copied (they came before torchrun's table)
     sinks = (Sink(sys.stdout.buffer), Sink(sys.stderr.buffer))
     try:
         # SIGKILL to torchrun if the launcher dies (even by SIGKILL), set in the child before exec; its workers
         # then get SIGTERM, their own parent-death signal (launcher/bootstrap.py). Not SIGTERM to torchrun:
         # the kernel sends it once per launcher thread that torchrun is handed to as the threads die, and a
-        # second one inside torch's shutdown leaves torchrun waiting for ever on its log tailers.
+        # second one inside torch's shutdown left torchrun (with --tee) waiting for ever on its log tailers.
         proc = subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                 preexec_fn=proctree.parent_death_signal(signal.SIGKILL))
@@ -276,7 +277,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
         copier = trimmer = None
         if not direct:  # the workers' output, from their log files, and the disk those take
             writes = (functools.partial(_deliver, sinks[0], None, feeds[0]),
-                      functools.partial(_deliver, sinks[1], tail, feeds[1]))
+                      functools.partial(_deliver, sinks[1], worker_tail, feeds[1]))
             copier = LogCopier(launch.log_dir, proc.pid, launch.first_rank, 2 * launch.nproc_per_node, writes, log)
             trimmer = LogTrimmer(proc.pid, launch.log_dir, log, copier.positions, copier.copying,
                                  lambda: stop.signal is not None)
@@ -311,7 +312,7 @@ def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, l
             signal.signal(sig, handler)
         proctree.reap_orphans([watchdog.pid])
     return Outcome(returncode=returncode, pid=proc.pid, stop_signal=stop.signal, killed_after_grace=after_grace,
-                   stderr_tail=tail.lines(), no_rendezvous=no_rendezvous)
+                   stderr_tail=worker_tail.lines() + tail.lines(), no_rendezvous=no_rendezvous)
 
 
 def failure_reported(tail: StderrTail) -> bool:
