@@ -100,7 +100,6 @@ class LogCopier:
         self.log_dir, self.pid, self.first_rank, self.expected = log_dir, torchrun_pid, first_rank, logs
         self.writes, self.log = writes, log
         self.logs: dict[str, _Log] = {}
-        self.copied = 0  # bytes read from the logs
         self._lock = threading.Lock()  # the positions, read by the trimmer's thread
         self._stop = threading.Event()
         self._watch = watch_writes()
@@ -192,7 +191,6 @@ class LogCopier:
                 continue
             with self._lock:
                 entry.pos += len(data)
-            self.copied += len(data)
             more = more or len(data) == CHUNK
             if not entry.prefix:
                 entry.prefix = PREFIX.format(self._rank_of(entry.local_rank))

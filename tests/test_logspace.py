@@ -144,6 +144,8 @@ def test_a_worker_far_ahead_of_the_copy_waits_for_it_as_a_pipe_would(tmp_path):
         while not trimmer.paused and time.monotonic() < waited:
             time.sleep(0.01)
         assert list(trimmer.paused) == [procs[0].pid], "the worker was not paused"
+        while proctree.state(procs[0].pid) not in ("T", "t") and time.monotonic() < waited:
+            time.sleep(0.01)  # noted as paused just before the SIGSTOP is sent
         assert proctree.state(procs[0].pid) in ("T", "t")
         size = os.path.getsize(log)
         assert logspace.LAG_LIMIT < size <= 3 * logspace.LAG_LIMIT, size
