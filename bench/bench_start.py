@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -76,9 +77,11 @@ def argv_for(way: str, hosts: int, rank: int, steps: int, run_dir: str) -> list[
 
 
 def run_job(lab: netns.Lab, way: str, hosts: int, steps: int, tmp: str, trace: bool = False,
-            strace: str = "", baseline: str = "") -> float:
-    """Every host of one job; seconds from the first start until the last exit."""
+            strace: str = "", baseline: str = "") -> tuple[float, float]:
+    """Every host of one job: seconds from the first start until the last exit, and the CPU seconds of every
+    process of the job (each reaped by its parent, so all of them count in this process's children)."""
     procs, readers, lines = [], [], []
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     for rank in range(hosts):
         out = tempfile.mkdtemp(dir=tmp)
@@ -108,13 +111,15 @@ def run_job(lab: netns.Lab, way: str, hosts: int, steps: int, tmp: str, trace: b
                 readers[-1].start()
     codes = [proc.wait(timeout=600) for proc in procs]
     took = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
     for reader in readers:
         reader.join()
     for at, rank, line in sorted(lines):
         print(f"  {at:7.3f} algo-{rank + 1}: {line[:160]}")
     if codes != [0] * hosts:
         raise SystemExit(f"bench_start: {way} exited {codes}")
-    return took
+    return took, cpu_s
 
 
 
@@ -143,25 +148,32 @@ def main(argv: Sequence[str] = ()) -> int:
                 if args.trace:
                     for way in ("launcher", "torchrun"):
                         print(f"{hosts} hosts, {way}, {args.steps[0]} steps:")
-                        print(f"  took {run_job(lab, way, hosts, args.steps[0], tmp, True, args.strace):.3f} s")
+                        took, cpu_s = run_job(lab, way, hosts, args.steps[0], tmp, True, args.strace)
+                        print(f"  took {took:.3f} s, CPU {cpu_s:.2f} s")
                     continue
                 for steps in args.steps:
                     load = os.getloadavg()[0]
                     times: dict[str, list[float]] = {way: [] for way in args.ways}
+                    cpus: dict[str, list[float]] = {way: [] for way in args.ways}
                     for i in range(args.pairs):
                         order = args.ways[i % len(args.ways):] + args.ways[:i % len(args.ways)]
                         for way in order:
-                            times[way].append(run_job(lab, way, hosts, steps, tmp, baseline=args.baseline))
+                            took, cpu_s = run_job(lab, way, hosts, steps, tmp, baseline=args.baseline)
+                            times[way].append(took)
+                            cpus[way].append(cpu_s)
                         print(f"  {hosts} hosts, {steps} steps, round {i + 1}: "
-                              + ", ".join(f"{way} {times[way][-1]:.2f} s" for way in args.ways), flush=True)
+                              + ", ".join(f"{way} {times[way][-1]:.2f} s (CPU {cpus[way][-1]:.2f} s)"
+                                          for way in args.ways), flush=True)
                     first = args.ways[0]
                     for other in args.ways[1:]:
                         ratios = [a / b for a, b in zip(times[first], times[other])]
                         rows.append((hosts, steps, f"{first}/{other}", spread(times[first]), spread(times[other]),
-                                     spread(ratios), len(ratios), f"{load:.1f}-{os.getloadavg()[0]:.1f}"))
+                                     spread(ratios), spread(cpus[first]), spread(cpus[other]), len(ratios),
+                                     f"{load:.1f}-{os.getloadavg()[0]:.1f}"))
     if rows:
-        print("\n| hosts | steps | ways | first s | other s | ratio, median (middle half) | rounds | load average |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("\n| hosts | steps | ways | first s | other s | ratio, median (middle half) | first CPU s | other CPU s "
+              "| rounds | load average |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for row in rows:
             print("| " + " | ".join(str(cell) for cell in row) + " |")
     return 0

@@ -18,6 +18,7 @@ and each worker gets SIGTERM when torchrun dies (the bootstrap asks for it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -33,11 +34,24 @@ TRACKED_PRUNE = 4096  # processes tracked before those that ended are forgotten 
 WATCHDOG_NAME = b"ddp-watchdog"  # its /proc/PID/comm: a watchdog is never killed, it ends with its launcher
 
 
+def _read(path: str) -> bytes:
+    """The whole of a ``/proc`` file, in three system calls where ``open()`` makes seven (the tick reads
+    a few dozen of them twice a second); OSError if it cannot be read (its process is gone)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = chunk = os.read(fd, 4096)
+        while chunk:
+            chunk = os.read(fd, 65536)
+            data += chunk
+        return data
+    finally:
+        os.close(fd)
+
+
 def _stat(pid: int) -> Optional[list[bytes]]:
     """``/proc/PID/stat`` from field 3 (state) on; None if the process is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
+        stat = _read(f"/proc/{pid}/stat")
     except OSError:
         return None
     # The command name is in parentheses and may contain spaces: split after the last ')'.
@@ -116,9 +130,24 @@ def _tree_table(root: int) -> dict[int, tuple[int, bytes]]:
     return table
 
 
+def _living_parents(roots: Iterable[int]) -> dict[int, int]:
+    """PID -> parent PID for the living ``roots`` and their living descendants: :func:`parent_map` cut
+    down to these trees, walked down the ``children`` files (a few reads at the end of a job, where the
+    whole process table is every process of the machine)."""
+    if not _has_children_files():
+        return parent_map()
+    parents: dict[int, int] = {}
+    for root in roots:
+        fields = _stat(root)
+        if fields and fields[0][:1] != b"Z":
+            parents[root] = int(fields[1])
+        parents.update((pid, parent) for pid, (parent, letter) in _tree_table(root).items() if letter != b"Z")
+    return parents
+
+
 def _listed_children(pid: int) -> Optional[list[int]]:
     """The PIDs in ``pid``'s threads' ``children`` files; None where the kernel has no such files."""
-    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+    if not _has_children_files():
         return None
     try:
         threads = os.listdir(f"/proc/{pid}/task")
@@ -127,9 +156,15 @@ def _listed_children(pid: int) -> Optional[list[int]]:
     listed: list[int] = []
     for thread in threads:
         # a thread that ended meanwhile has no file
-        with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{thread}/children", "rb") as fh:
-            listed.extend(int(child) for child in fh.read().split())
+        with contextlib.suppress(OSError, ValueError):
+            listed.extend(int(child) for child in _read(f"/proc/{pid}/task/{thread}/children").split())
     return listed
+
+
+@functools.cache
+def _has_children_files() -> bool:
+    """Whether the kernel lists each thread's children (``/proc/PID/task/TID/children``, Linux 3.5+)."""
+    return os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 
 
 def state(pid: int) -> Optional[str]:
@@ -218,13 +253,16 @@ def kill_tree(roots: Iterable[int], include_roots: bool = True, exclude: Iterabl
         found = dict.fromkeys(tops + descendants(roots + tops, parents))
         return [p for p in found if p not in skip and p in parents and not _is_watchdog(p)]
 
+    def look() -> dict[int, int]:
+        return parent_map() if marker else _living_parents(roots)
+
     signalled: set[int] = set()
     for _ in range(50):
-        tree = victims(parent_map())
+        tree = victims(look())
         if not tree:
             break
         _signal_all(tree, signal.SIGSTOP)
-        tree += [p for p in victims(parent_map()) if p not in tree]
+        tree += [p for p in victims(look()) if p not in tree]
         _signal_all(tree, signal.SIGKILL)
         signalled.update(tree)
         time.sleep(0.02)

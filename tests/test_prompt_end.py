@@ -103,7 +103,7 @@ def test_children_are_read_from_the_parents_own_files_and_agree_with_the_table(m
     assert proctree.children_of(children[0].pid) == []  # gone
 
 
-def test_the_tree_walked_down_the_children_files_is_the_tree_of_the_table():
+def test_the_tree_walked_down_the_children_files_is_the_tree_of_the_table(monkeypatch):
     # a child with a grandchild, a zombie child: the walk finds what the whole table says, with states
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])\n"
@@ -123,6 +123,14 @@ def test_the_tree_walked_down_the_children_files_is_the_tree_of_the_table():
         assert walked[exited.pid] == below[exited.pid] == (me, b"Z") and len(walked) >= 3
         grandchildren = [pid for pid, (up, _state) in walked.items() if up == parent.pid]
         assert len(grandchildren) == 1
+        # what kill_tree looks at: these trees' living processes and their parents, as the whole table has them
+        living = {pid: up for pid, (up, state) in below.items() if state != b"Z"}
+        assert proctree._living_parents([me]) == {me: os.getppid(), **living}
+        assert proctree._living_parents([parent.pid]) == {parent.pid: me, grandchildren[0]: parent.pid}
+        assert proctree._living_parents([exited.pid]) == {}  # a zombie is not living
+        monkeypatch.setattr(proctree, "_has_children_files", lambda: False)  # a kernel without the files
+        assert proctree.descendants([parent.pid], proctree._living_parents([parent.pid])) == grandchildren
+        monkeypatch.undo()
         assert proctree.reap_orphans([parent.pid]) == 1 and proctree.state(exited.pid) is None  # the zombie reaped
     finally:
         pids = proctree.descendants([parent.pid])
