@@ -20,10 +20,12 @@ compiled by its install), so that each start reads them rather than compiling th
 ``PYTHONDONTWRITEBYTECODE=1`` (common in training images) an uncompiled copy compiles every module at every
 start, about 40 ms of CPU per start here. ``--no-compile`` leaves them as they are.
 
-Rounds rotate their order; printed: each round's times, then per size and job length the median of
-the per-round ratios of the first way to each other (with the middle half), the count of rounds, and
-the machine's load average before and after. ``--trace`` runs the launcher once per size and prints every host's
-output lines with the seconds since the job's start (where a launcher's time goes).
+Rounds rotate their order; printed: each round's times and the CPU seconds of all the job's processes
+(each reaped by its parent, so all count in the bench's children), then per size and job length the
+median of the per-round ratios of the first way to each other (with the middle half), the median CPU of
+each, the count of rounds, and the machine's load average before and after. ``--trace`` runs the
+launcher once per size and prints every host's output lines with the seconds since the job's start
+(where a launcher's time goes).
 
 Usage: ``.venv/bin/python bench/bench_start.py [--hosts 2 4] [--pairs 8] [--steps 60 140]
 [--ways launcher torchrun flags nowatch baseline] [--baseline DIR] [--no-compile] [--trace]``.
