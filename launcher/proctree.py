@@ -35,7 +35,7 @@ WATCHDOG_NAME = b"ddp-watchdog"  # its /proc/PID/comm: a watchdog is never kille
 
 
 def _read(path: str) -> bytes:
-    """The whole of a ``/proc`` file, in three system calls where ``open()`` makes seven (the tick reads
+    """The whole of a ``/proc`` file, in four system calls where ``open()`` makes seven (the tick reads
     a few dozen of them twice a second); OSError if it cannot be read (its process is gone)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
