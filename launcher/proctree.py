@@ -116,7 +116,7 @@ def _tree_table(root: int) -> dict[int, tuple[int, bytes]]:
     """PID -> (parent PID, state letter) for ``root`` and every descendant (zombies too), walked down the
     ``children`` files: a few dozen reads for a job, where the whole process table is every process of
     the machine (the launcher looks twice a second). The whole table where the kernel has no such files."""
-    if _listed_children(root) is None:
+    if not _has_children_files():
         return _process_table()
     table: dict[int, tuple[int, bytes]] = {}
     queue = [root]
@@ -207,8 +207,7 @@ def start_time(pid: int) -> Optional[int]:
 
 def _is_watchdog(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/comm", "rb") as fh:
-            return fh.read().strip() == WATCHDOG_NAME
+        return _read(f"/proc/{pid}/comm").strip() == WATCHDOG_NAME
     except OSError:
         return False
 
@@ -222,8 +221,7 @@ def marked(marker: str) -> list[int]:
         try:
             if os.stat(f"/proc/{name}").st_uid != uid:
                 continue
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                environ = fh.read().split(b"\0")
+            environ = _read(f"/proc/{name}/environ").split(b"\0")
         except OSError:
             continue
         if entry in environ and not _is_watchdog(int(name)):
