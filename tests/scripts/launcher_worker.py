@@ -25,10 +25,14 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 STOP = {"signal": None}
+WRITES = [0]  # a counter: the name of each write's temporary file
 
 
 def write_record(path, data):
-    tmp = path + ".tmp"
+    """Whole or not at all. A signal handler may write while the loop is writing: each write has its own
+    temporary file, and the loop writes again after it sees the signal, so the last record is the newest."""
+    WRITES[0] += 1
+    tmp = f"{path}.{WRITES[0]}.tmp"
     with open(tmp, "w") as fh:
         json.dump(data, fh)
     os.replace(tmp, path)
@@ -89,6 +93,7 @@ def main():
             if stopped.item():
                 break
         elif STOP["signal"] is not None:
+            write_record(out, facts)  # the handler's own write may have been replaced by the loop's older one
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
         if rank == args.fail_rank and step == args.fail_at_step:
