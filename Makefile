@@ -46,14 +46,16 @@ slurm-packages:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge iproute2 >/dev/null; \
 	fi
 
+# The tests that start no training job (torchrun), lab (SLURM, network namespaces) or notebook run on every
+# core (pytest-xdist): under 2 minutes on 2 cores, no .venv-v3 needed (tests/conftest.py fails a test that
+# starts one unmarked). The others run one at a time: their jobs and labs share ports and the machine's network.
+FAST := not job and not lab and not notebook
+
 test: $(STAMP) $(STAMP_V3) slurm-packages
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n auto -m "$(FAST)"
+	$(PY) -m pytest -q --durations=25 -m "not ($(FAST))"
 
-# The tests that start no training job (torchrun), lab (SLURM, network namespaces) or notebook, on every
-# core (pytest-xdist): under 2 minutes on 2 cores, no .venv-v3 needed (tests/conftest.py fails a test that
-# starts one unmarked). The full suite stays serial: its jobs and labs share ports and the machine's network.
-FAST := not job and not lab and not notebook
 test-fast: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n auto -m "$(FAST)"
