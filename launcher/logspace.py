@@ -50,7 +50,8 @@ EVERY = 0.25  # seconds between two trims ...
 CHECK_EVERY = 0.02  # ... and between two looks at the logs' sizes: a log that grew by GROWTH is trimmed at once,
 GROWTH = LAG_LIMIT // 4  # as is every log while one lags or none is known yet (a worker can write 4 GB/s)
 IDLE_EVERY = 1.0  # seconds between two trims while every log is under KEEP_BYTES
-START_EVERY = 0.1  # seconds between two looks for the first log while torchrun has created none
+START_EVERY = 0.1  # seconds between two looks for the first log while torchrun has created none (no inotify)
+START_WAIT = 5.0  # ... with inotify, the longest sleep until it makes the logs' directory (woken at once)
 FREE_MIN = 1 << 20  # a TMPDIR with less free space than this is full: nothing could run from it
 _PUNCH_HOLE_KEEP_SIZE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (linux/falloc.h)
 _BLOCK = 4096
@@ -99,10 +100,12 @@ def _fallocate() -> Optional[Callable[[int, int, int, int], int]]:
 
 
 class Writes:
-    """Wakes a thread when a worker writes to one of the watched logs (inotify ``IN_MODIFY``), or when
-    :meth:`wake` is called. :func:`watch_writes` makes one; None where inotify cannot be used."""
+    """Wakes a thread when a worker writes to one of the watched logs (inotify ``IN_MODIFY``), when something is
+    made in a watched directory (``IN_CREATE``: torchrun's first log directory), or when :meth:`wake` is
+    called. :func:`watch_writes` makes one; None where inotify cannot be used."""
 
     IN_MODIFY = 0x2
+    IN_CREATE = 0x100
 
     def __init__(self, fd: int, add_watch: Callable[[int, bytes, int], int]) -> None:
         self.fd, self._add_watch = fd, add_watch
@@ -111,11 +114,12 @@ class Writes:
         for end in (self._wake_r, self._wake_w):  # wait() reads until empty; wake() never blocks
             os.set_blocking(end, False)
 
-    def watch(self, paths: Iterable[str]) -> bool:
-        """Watch these logs too; False if one cannot be watched (``fs.inotify.max_user_watches``)."""
+    def watch(self, paths: Iterable[str], events: int = IN_MODIFY) -> bool:
+        """Watch these logs too (or directories, with ``events=IN_CREATE``); False if one cannot be watched
+        (``fs.inotify.max_user_watches``, or it is gone)."""
         for path in paths:
             if path not in self.watched:
-                if self._add_watch(self.fd, os.fsencode(path), self.IN_MODIFY) < 0:
+                if self._add_watch(self.fd, os.fsencode(path), events) < 0:
                     return False
                 self.watched.add(path)
         return True
@@ -176,6 +180,8 @@ class LogTrimmer:
         self._stop = threading.Event()
         self._fallocate = _fallocate()
         self._writes = watch_writes() if self._fallocate is not None else None
+        # torchrun makes its first log directory when it starts the workers: until then sleep on inotify
+        self._dir_watched = self._writes is not None and self._writes.watch([log_dir], Writes.IN_CREATE)
         self._thread = threading.Thread(target=self._run, name="log-trimmer", daemon=True)
         if self._fallocate is not None:
             self._thread.start()
@@ -192,8 +198,12 @@ class LogTrimmer:
         fast = polling = True  # look every CHECK_EVERY; else sleep until a log is written (or the next trim is due)
         seen: dict[str, int] = {}  # path -> its size at the last look
         while True:
-            if polling or self._writes is None:
-                pause = CHECK_EVERY if self.sizes or _has_entries(self.log_dir) else START_EVERY
+            if not self.sizes and self._dir_watched and not has_entries(self.log_dir):
+                written = self._writes.wait(START_WAIT)  # type: ignore[union-attr]  (watched: not None)
+                if self._stop.is_set():
+                    return
+            elif polling or self._writes is None:
+                pause = CHECK_EVERY if self.sizes or has_entries(self.log_dir) else START_EVERY
                 written = False
                 if self._stop.wait(pause):
                     return
@@ -211,7 +221,7 @@ class LogTrimmer:
                 looked = now
                 continue
             looked = now
-            if not self.sizes and not _has_entries(self.log_dir):
+            if not self.sizes and not has_entries(self.log_dir):
                 continue  # torchrun has started no worker: no log yet
             known = set(self.sizes)
             with self._lock:
@@ -312,7 +322,7 @@ class LogTrimmer:
             self._resume_all()
 
 
-def _has_entries(directory: str) -> bool:
+def has_entries(directory: str) -> bool:
     """Whether ``directory`` holds anything (True when it cannot be read: then look as before)."""
     try:
         with os.scandir(directory) as entries:

@@ -9,7 +9,8 @@ Why the launcher copies rather than ``--tee``: torchrun's tailer is a thread per
 at a time and sleeps 0.1 s at each end of file. Its threads end only after their sleep, 0.2 s at the end
 of every job and generation, and their polling, with torchrun's pipe to the launcher in between, cost a
 4-host job on 2 cores 3 % (``bench/bench_start.py``, ``flags`` against ``redirects``). The copier sleeps
-until a worker writes (inotify; every :data:`CHECK_EVERY` where there is none), reads what is there in
+until torchrun makes the workers' log directory and then until a worker writes (inotify; where there is none,
+it looks every :data:`FIND_EVERY` for the logs and every :data:`CHECK_EVERY` at them), reads what is there in
 :data:`CHUNK` pieces, prefixes the lines in bulk, and once torchrun has exited copies the rest at once.
 
 The text is what ``--tee`` gave: UTF-8 with undecodable bytes replaced, and ``\\r`` and ``\\r\\n`` read as
@@ -36,7 +37,7 @@ import time
 from typing import Callable, Optional
 
 from launcher import proctree
-from launcher.logspace import watch_writes
+from launcher.logspace import Writes, has_entries, watch_writes
 
 PREFIX = "[rank{}]:"
 CHUNK = 65536  # bytes read from one log before the next log gets its turn
@@ -104,6 +105,8 @@ class LogCopier:
         self._stop = threading.Event()
         self._watch = watch_writes()
         self._poll = self._watch is None  # look every CHECK_EVERY (no inotify, or out of watches)
+        # until torchrun makes its first log directory (when it starts the workers) sleep on inotify
+        self._dir_watched = self._watch is not None and self._watch.watch([log_dir], Writes.IN_CREATE)
         self._thread = threading.Thread(target=self._run, name="log-copier", daemon=True)
         self._thread.start()
 
@@ -157,7 +160,7 @@ class LogCopier:
             if more:
                 continue
             waits = [entry.since + PARTIAL_AFTER - now for entry in self.logs.values() if entry.partial]
-            if len(self.logs) < self.expected:
+            if len(self.logs) < self.expected and (not self._dir_watched or has_entries(self.log_dir)):
                 waits.append(FIND_EVERY)
             if self._poll or self._watch is None:
                 self._stop.wait(min([*waits, CHECK_EVERY]))

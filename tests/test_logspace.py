@@ -170,3 +170,26 @@ def test_a_worker_far_ahead_of_the_copy_waits_for_it_as_a_pipe_would(tmp_path):
             proc.kill()
             proc.wait()
     assert_gone([proc.pid for proc in procs])
+
+
+def test_before_torchrun_makes_the_log_directory_the_trimmer_sleeps(tmp_path, monkeypatch):
+    # Until the first log directory is made the trimmer sleeps on inotify (it looks once per START_WAIT, not
+    # every START_EVERY); the directory wakes it and it learns of the log at once.
+    looks: list[str] = []
+    real = logspace.has_entries
+    monkeypatch.setattr(logspace, "has_entries", lambda directory: looks.append(directory) or real(directory))
+    (tmp_path / "logs").mkdir()
+    log = str(tmp_path / "logs" / "job" / "attempt_0" / "0" / "stdout.log")
+    trimmer = logspace.LogTrimmer(os.getpid(), str(tmp_path / "logs"), print, lambda: {log: 0})
+    try:
+        time.sleep(1.0)  # torchrun still importing
+        empty = len(looks)
+        make_log(tmp_path, "0/stdout.log", 10)
+        waited = time.monotonic() + 30
+        while trimmer.sizes != {log: 10} and time.monotonic() < waited:
+            time.sleep(0.01)
+        assert trimmer.sizes == {log: 10}
+    finally:
+        trimmer.stop()
+    assert not trimmer._thread.is_alive()
+    assert 1 <= empty <= 3, looks  # every START_EVERY (0.1 s) would be about 10

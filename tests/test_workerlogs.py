@@ -172,3 +172,37 @@ def test_a_flood_in_one_log_holds_back_neither_the_search_for_new_logs_nor_their
     assert copier.stop()
     assert order.count("hello") == 1 and order.index("hello") < 10, order.index("hello")
     assert sum(copier.positions().values()) == total
+
+
+def test_before_torchrun_makes_the_log_directory_the_copier_sleeps_then_copies_at_once(tmp_path, monkeypatch):
+    # torchrun makes its logs' directory when it starts the workers, seconds after it starts (its imports, the
+    # rendezvous). Until then the copier sleeps on inotify: it looks for the logs once (each stream), not every
+    # FIND_EVERY; the directory wakes it. Without inotify it looks every FIND_EVERY and finds them all the same.
+    looks: list[str] = []
+    real_glob = workerlogs.glob.glob
+    monkeypatch.setattr(workerlogs.glob, "glob", lambda pattern: looks.append(pattern) or real_glob(pattern))
+    for inotify in (True, False):
+        root = tmp_path / f"inotify-{inotify}"
+        root.mkdir()
+        if not inotify:
+            monkeypatch.setattr(workerlogs, "watch_writes", lambda: None)
+        looks.clear()
+        got: list[bytes] = []
+        copier = workerlogs.LogCopier(str(root), os.getpid(), 0, 2, (got.append, got.append), print)
+        try:
+            time.sleep(1.0)  # torchrun still importing
+            empty = len(looks)
+            log = root / "job_x" / "attempt_0" / "0"
+            log.mkdir(parents=True)
+            (log / "stderr.log").write_bytes(b"")
+            (log / "stdout.log").write_bytes(b"hello\n")
+            waited = time.monotonic() + 30
+            while not got and time.monotonic() < waited:
+                time.sleep(0.01)
+            assert b"".join(got) == b"[rank0]:hello\n"
+        finally:
+            assert copier.stop()
+        if inotify:
+            assert empty <= 2, looks  # the first look, for each stream
+        else:
+            assert empty >= 4, looks  # it looks again and again (fewer times than 40 on a loaded machine)
