@@ -192,4 +192,4 @@ def test_before_torchrun_makes_the_log_directory_the_trimmer_sleeps(tmp_path, mo
     finally:
         trimmer.stop()
     assert not trimmer._thread.is_alive()
-    assert 1 <= empty <= 3, looks  # every START_EVERY (0.1 s) would be about 10
+    assert empty <= 3, looks  # every START_EVERY (0.1 s) would be about 10
