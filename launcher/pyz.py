@@ -63,8 +63,7 @@ def unpack(archive, root):
     target = os.path.join(root, BUILD)
     if os.path.isfile(os.path.join(target, MARKER)):
         return target
-    if not os.path.isdir(root):
-        os.makedirs(root, 0o700)
+    os.makedirs(root, 0o700, exist_ok=True)  # another host may make it at the same moment
     if os.stat(root).st_uid != os.getuid():
         raise OSError("owned by another user")
     staging = tempfile.mkdtemp(prefix=".unpacking-", dir=root)

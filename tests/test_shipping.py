@@ -25,7 +25,7 @@ from conftest import PYTHON, REPO, LiveProcess, launcher_env
 from packaging.requirements import Requirement
 from test_simulate import assert_nothing_left, rank_records
 
-from launcher import proctree
+from launcher import proctree, pyz
 from launcher.entry import SUPPORTED
 from launcher.platforms.sagemaker import bundle
 
@@ -275,6 +275,40 @@ def test_hosts_that_share_a_home_unpack_the_pyz_once_at_the_same_time(dist, stoc
     assert os.path.isfile(cache / build / ".unpacked")
     assert {json.loads(out)["argv"][-2].startswith(str(cache / build)) for _code, out, _err in results} == {True}
 
+
+
+def pyz_unpack():
+    """The ``unpack`` of the pyz's own ``__main__.py``, as that file defines it."""
+    namespace: dict = {"__name__": "pyz_main"}
+    exec(pyz._MAIN % {"build": "b1", "marker": pyz.MARKER}, namespace)
+    return namespace["unpack"]
+
+
+@pytest.mark.parametrize("first_at", ["makedirs", "rename"])
+def test_a_host_that_another_host_beats_at_any_step_of_the_unpack_uses_that_copy(first_at, tmp_path, monkeypatch):
+    """Each step of the unpack where a host that shares the directory can come first: it makes the cache root
+    just before this host does, or renames its whole copy into place just before this host's rename. This host
+    then uses the cache root all the same (before, a lost ``makedirs`` race sent it to ``$TMPDIR``), and no
+    half-unpacked copy is left."""
+    archive = tmp_path / "a.pyz"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("launcher/__init__.py", "")
+        zf.writestr("__main__.py", "")
+    unpack, root = pyz_unpack(), tmp_path / "cache" / "ddp-launcher"
+    real = {"makedirs": os.makedirs, "rename": os.rename}
+
+    def other_host_first(*args, **kwargs):
+        monkeypatch.setattr(os, first_at, real[first_at])
+        if first_at == "makedirs":
+            os.makedirs(root, 0o700)
+        else:
+            assert pyz_unpack()(str(archive), str(root)) == str(root / "b1")  # the other host's whole copy
+        return real[first_at](*args, **kwargs)
+
+    monkeypatch.setattr(os, first_at, other_host_first)
+    assert unpack(str(archive), str(root)) == str(root / "b1")
+    assert os.listdir(root) == ["b1"] and sorted(os.listdir(root / "b1")) == [pyz.MARKER, "launcher"]
+    assert os.makedirs is real["makedirs"] and os.rename is real["rename"]  # the other host came first indeed
 
 # --- every example's command line, run as written (a dry run) in the stock image's Python -------------------------
 
