@@ -22,7 +22,8 @@ Exit codes, by class (launcher/codes.py; the outcome file names the class, see -
   124    hang           no rank made progress for the hang timeout
   93     no_progress    --max-restarts: a restart did not help (the same failure again, no progress)
   75     rendezvous     the hosts never completed the rendezvous
-  128+N  stopped        the launcher got signal N and the workers did not finish cleanly
+  128+N  stopped        the launcher got signal N and the workers did not finish cleanly (or had
+                        not started: it came while the launcher waited for names or files)
   2      bad_input      bad files, variables or options; nothing was started
   70     internal       the launcher's own error
 Retry host_lost, rendezvous and stopped; never the others. With several nodes the launchers watch
@@ -52,7 +53,7 @@ from launcher.command import (
     watch_ports,
     watch_secret,
 )
-from launcher.errors import ConfigError, shown
+from launcher.errors import ConfigError, Stopped, shown
 from launcher.hangtimeout import Policy
 from launcher.options import Invocation, Options, help_text, parse_invocation
 from launcher.platforms.base import Attempt, HostView, look_once
@@ -277,28 +278,31 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
     for note in p.notes:
         log(note)
     log(f"platform {c.platform}: {p.choice.why}")
-    names = p.choice.platform.names_to_wait_for(c)
-    if names:
-        from launcher.preflight import wait_for_names
-
-        try:
-            wait_for_names(names, p.invocation.options.resolve, float(p.invocation.options.rdzv_timeout), log)
-        except ConfigError as exc:
-            streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
-            return Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=str(exc)), clock, ""
-    outside = groups.outside(c)
-    if outside:
-        log(f"{c.platform} host {c.current_host}: group {c.role.group}, outside the training world "  # type: ignore[union-attr]
-            f"(master {c.master_addr}): running the script once; {shlex.join(p.launch.argv)}")
-    else:
-        log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
-            f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
     watchdog = proctree.Watchdog(log)  # forked before any pipe exists: it holds none of them
     watch = hangs = None
-    try:
+    try:  # every end from here on removes the run directory (the watchdog does, if this process is killed)
         watchdog.kill_marked(f"{JOB_MARKER}={p.launch.env_changes[JOB_MARKER]}")
         watchdog.remove_dir(p.launch.run_dir)
         options = p.invocation.options
+        names = p.choice.platform.names_to_wait_for(c)
+        if names:
+            from launcher.preflight import wait_for_names
+
+            try:
+                wait_for_names(names, options.resolve, float(options.rdzv_timeout), log)
+            except ConfigError as exc:
+                streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
+                return Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=str(exc)), clock, ""
+            except Stopped as exc:
+                verdict = _stopped(exc, c.current_host)
+                return verdict, clock, verdict.root_cause
+        outside = groups.outside(c)
+        if outside:
+            log(f"{c.platform} host {c.current_host}: group {c.role.group}, outside the training world "  # type: ignore[union-attr]
+                f"(master {c.master_addr}): running the script once; {shlex.join(p.launch.argv)}")
+        else:
+            log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
+                f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
         if groups.watch_place(c)[1] > 1 and not options.no_job_watch:
             from launcher import jobwatch  # several nodes only
 
@@ -403,17 +407,32 @@ def _main(args: list[str]) -> int:
             make_run_dir(p.launch.run_dir)
     except ConfigError as exc:
         streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
-        _bad_input_outcome(args, environ, str(exc), clock)
+        _early_outcome(args, environ, Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=str(exc)), clock)
         return codes.BAD_INPUT_CODE
+    except Stopped as exc:  # during a wait for the cluster's files: nothing was made yet
+        streams.write(sys.stderr, f"{PROG}: {exc}\n")
+        verdict = _stopped(exc, None)
+        _early_outcome(args, environ, verdict, clock)
+        return verdict.code
     if p.invocation.options.dry_run:
         streams.write(sys.stdout, describe(p, p.invocation.options.json) + "\n")
         return 0
     return run(p, environ, clock)
 
 
-def _bad_input_outcome(args: Sequence[str], environ: Mapping[str, str], message: str, clock: Clock) -> None:
-    """The outcome file of a run refused for bad input, where it can still be placed: ``--outcome-file``
-    if the options parse, else ``LAUNCHER_OUTCOME_FILE``, else the detected platform's place."""
+def _stopped(exc: Stopped, host: Optional[str]) -> Verdict:
+    """The verdict of a launch stopped before torchrun started: class ``stopped``, exit code 128 + N."""
+    from launcher.failure import signal_name
+
+    code = 128 + exc.signum
+    return Verdict(codes.STOPPED, code, signal=signal_name(exc.signum),
+                   root_cause=f"{host + ': ' if host else ''}{exc} (exit code {code})")
+
+
+def _early_outcome(args: Sequence[str], environ: Mapping[str, str], verdict: Verdict, clock: Clock) -> None:
+    """The outcome file of a run that ended before it had a plan (bad input, a stop while waiting), where
+    it can still be placed: ``--outcome-file`` if the options parse, else ``LAUNCHER_OUTCOME_FILE``, else
+    the detected platform's place."""
     platform = options = None
     try:
         platform = platforms.choose(environ).platform
@@ -422,7 +441,7 @@ def _bad_input_outcome(args: Sequence[str], environ: Mapping[str, str], message:
         pass
     path = outcome_path(options, platform, environ) if options else (
         environ.get("LAUNCHER_OUTCOME_FILE") or (platform.outcome_path(environ) if platform else None))
-    if path:  # silently: bad input is said in one line
-        verdict = Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=message.split("\n", 1)[0])
+    if path:  # silently: the end was said in one line
+        verdict = verdict._replace(root_cause=verdict.root_cause.split("\n", 1)[0])
         report.write_outcome(path, report.outcome_data(verdict, clock._replace(ended=time.time()), None, None,
                                                        None, platform.name if platform else None))

@@ -1,5 +1,6 @@
-"""The one exception the launcher raises for bad input, how a bad value is quoted in it, and how a
-number is read from text with a bound (no input reaches Python's integer-digit limit)."""
+"""The exceptions that end a launch before torchrun starts (bad input; a stop signal during a wait), how a
+bad value is quoted, and how a number is read from text with a bound (no input reaches Python's
+integer-digit limit)."""
 
 from typing import Optional
 
@@ -13,6 +14,15 @@ class ConfigError(Exception):
     The message is one line that names the file or variable and the bad value. The command line
     turns it into exit code 2 before anything is started.
     """
+
+
+class Stopped(Exception):
+    """A stop signal (``signum``) came while the launcher waited, before torchrun started: the launch ends
+    as ``stopped``, exit code 128 + ``signum``. The message is one line that says what it waited for."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
 
 
 def shown(value: object, limit: int = MAX_SHOWN) -> str:
