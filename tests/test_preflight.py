@@ -38,7 +38,8 @@ def write_host(base, hosts, current):
 def test_a_name_that_never_resolves_ends_the_launch_with_one_line(tmp_path):
     # .invalid never resolves (RFC 2606): the launcher must not start torchrun and retry for ever.
     write_host(tmp_path, ["a.invalid", "b.invalid"], "b.invalid")
-    env = launcher_env(SAGEMAKER_BASE_DIR=str(tmp_path), LAUNCHER_RDZV_TIMEOUT="2")
+    (tmp_path / "tmp").mkdir()
+    env = launcher_env(SAGEMAKER_BASE_DIR=str(tmp_path), LAUNCHER_RDZV_TIMEOUT="2", TMPDIR=str(tmp_path / "tmp"))
     start = time.monotonic()
     proc = subprocess.run([PYTHON, "-m", "launcher", "train.py"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)
@@ -47,6 +48,7 @@ def test_a_name_that_never_resolves_ends_the_launch_with_one_line(tmp_path):
     assert len(errors) == 1 and "'a.invalid'" in errors[0] and "gave up waiting" in errors[0], proc.stderr
     assert "torchrun started" not in proc.stderr
     assert time.monotonic() - start < 30
+    assert os.listdir(tmp_path / "tmp") == []  # the run directory, made before the wait, removed
 
 
 @pytest.mark.job
