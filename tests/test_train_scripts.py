@@ -48,8 +48,11 @@ class Run(LiveProcess):
     def __init__(self, argv: list[str], tmp: Path, env: Optional[dict[str, str]] = None) -> None:
         self.pid_dir = tmp / "pids"
         self.hash_dir = tmp / "hashes"
+        self.tmpdir = tmp / "tmp"  # TMPDIR: where each launcher makes its run directory (torchrun alone, its own)
+        self.tmpdir.mkdir(exist_ok=True)
         super().__init__(argv, str(tmp), launcher_env(DDP_UTILS_PID_DIR=str(self.pid_dir),
-                                                      DDP_UTILS_HASH_DIR=str(self.hash_dir), **(env or {})))
+                                                      DDP_UTILS_HASH_DIR=str(self.hash_dir), TMPDIR=str(self.tmpdir),
+                                                      **(env or {})))
 
     def abort(self) -> None:
         self.proc.send_signal(signal.SIGKILL)  # its watchdog kills the tree
@@ -67,6 +70,8 @@ class Run(LiveProcess):
         assert_gone(self.pids())
         if code is None:
             pytest.fail(f"still running after {timeout} s:\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}")
+        if code >= 0:  # it ended by itself (not killed by the test): every launcher removed its run directory
+            assert [n for n in os.listdir(self.tmpdir) if n.startswith("ddp-launcher-")] == [], self.stderr[-3000:]
         return code
 
     def pids(self) -> list[int]:
