@@ -18,13 +18,15 @@ import sys
 import tempfile
 import time
 
+from benchlib import bench_tmpdir  # bench/ is the script's directory
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
 
 
 def environment(record_dir: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "LAUNCHER_", "SAGEMAKER_"))}
-    env.update(PYTHONPATH=REPO, WORKER_RECORD_DIR=record_dir, OMP_NUM_THREADS="1")
+    env.update(PYTHONPATH=REPO, WORKER_RECORD_DIR=record_dir, OMP_NUM_THREADS="1", TMPDIR=bench_tmpdir())
     return env
 
 

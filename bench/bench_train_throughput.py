@@ -43,6 +43,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from benchlib import bench_tmpdir  # bench/ is the script's directory
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OURS = os.path.join(REPO, "train_scripts", "train_cifar10.py")
 SEED = os.path.join(REPO, "bench", "seed_cifar10_train.py")
@@ -66,6 +68,7 @@ def environment() -> dict[str, str]:
            if not k.startswith(("SM_", "SAGEMAKER_", "LAUNCHER_", "TORCHELASTIC_", "PET_", "DDP_UTILS_"))}
     env.pop("OMP_NUM_THREADS", None)  # torchrun sets 1 for both
     env["PYTHONUNBUFFERED"] = "1"  # lines arrive when printed (the launcher sets this too)
+    env["TMPDIR"] = bench_tmpdir()
     return env
 
 

@@ -1,11 +1,15 @@
-"""What the benchmarks share: a clean environment for the jobs they start, a free port, a liveness check, and
-how results are printed (a median with its middle half, a Markdown table)."""
+"""What the benchmarks share: a clean environment for the jobs they start (with a TMPDIR of the bench's own), a
+free port, a liveness check, and how results are printed (a median with its middle half, a Markdown table)."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
 import socket
 import statistics
+import tempfile
 from collections.abc import Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -13,10 +17,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOREIGN_PREFIXES = ("SM_", "LAUNCHER_", "SAGEMAKER_", "TORCHELASTIC_", "PET_")
 
 
+@functools.cache
+def bench_tmpdir() -> str:
+    """The TMPDIR of every job this bench starts, removed when the bench exits: plain torchrun leaves a
+    ``torchelastic_*`` directory in TMPDIR at every run, and a host powered off on purpose its launcher's
+    run directory."""
+    path = tempfile.mkdtemp(prefix="bench-tmp-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without another job's variables, the repository importable, ``extra`` added."""
+    """This environment without another job's variables, the repository importable, the bench's TMPDIR,
+    ``extra`` added."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_PREFIXES)}
-    env["PYTHONPATH"] = REPO
+    env.update(PYTHONPATH=REPO, TMPDIR=bench_tmpdir())
     env.update(extra)
     return env
 
