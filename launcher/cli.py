@@ -33,6 +33,7 @@ code and its report starts with it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -171,10 +172,17 @@ def _block(label: str, items: Sequence[str]) -> list[str]:
     return [(f"{label + ':':<11}" if i == 0 else " " * 11) + item for i, item in enumerate(items)]
 
 
-def make_run_dir(path: str) -> None:
+def make_run_dir(path: str) -> int:
     """Create the run directory, private (0700) and new: an existing one is never reused; and its
     ``exits`` directory, where the workers record the code they asked for (:mod:`launcher.bootstrap`).
-    A full disk (less than :data:`launcher.logspace.FREE_MIN` free) is refused: torchrun could not write there."""
+    A full disk (less than :data:`launcher.logspace.FREE_MIN` free) is refused: torchrun could not write there.
+
+    Returns a descriptor of the directory that holds a shared BSD lock on it (close it once the directory is
+    removed): systemd-tmpfiles' aging skips a locked directory and everything below it (tmpfiles.d(5)), so a
+    job that outlives ``/tmp``'s cleanup age (10 days on Fedora and RHEL) keeps its workers' logs, their
+    beat socket and exit records. The descriptor is close-on-exec: torchrun does not inherit it."""
+    import fcntl
+
     from launcher.logspace import disk_full_note
 
     full = disk_full_note(os.path.dirname(path))
@@ -183,9 +191,13 @@ def make_run_dir(path: str) -> None:
     try:
         os.mkdir(path, 0o700)
         os.mkdir(os.path.join(path, "exits"), 0o700)
+        held = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         raise ConfigError(f"cannot create the run directory {path!r} (TMPDIR): "
                           f"{exc.strerror or exc}"[:300]) from None
+    with contextlib.suppress(OSError):  # a file system without locks: only the cleaner's protection is lost
+        fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    return held
 
 
 def _watch_line(p: Plan) -> str:
@@ -403,8 +415,7 @@ def _main(args: list[str]) -> int:
     clock = Clock(time.time())
     try:
         p = plan(args, environ)
-        if not p.invocation.options.dry_run:
-            make_run_dir(p.launch.run_dir)
+        held = None if p.invocation.options.dry_run else make_run_dir(p.launch.run_dir)
     except ConfigError as exc:
         streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
         _early_outcome(args, environ, Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=str(exc)), clock)
@@ -414,10 +425,13 @@ def _main(args: list[str]) -> int:
         verdict = _stopped(exc, None)
         _early_outcome(args, environ, verdict, clock)
         return verdict.code
-    if p.invocation.options.dry_run:
+    if held is None:
         streams.write(sys.stdout, describe(p, p.invocation.options.json) + "\n")
         return 0
-    return run(p, environ, clock)
+    try:
+        return run(p, environ, clock)
+    finally:
+        os.close(held)  # the run directory's lock, once the directory is gone
 
 
 def _stopped(exc: Stopped, host: Optional[str]) -> Verdict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -272,10 +273,44 @@ def test_every_run_gets_a_new_private_run_directory(tmp_path, monkeypatch):
                for p in plans)
     assert os.listdir(tmp_path) == ["train.py"]  # planning creates nothing
     path = plans[0].launch.run_dir
-    cli.make_run_dir(path)
+    os.close(cli.make_run_dir(path))
     assert os.stat(path).st_mode & 0o777 == 0o700
     with pytest.raises(ConfigError, match="cannot create the run directory"):
         cli.make_run_dir(path)  # an existing directory is never taken over
+
+
+def tree(path) -> set[str]:
+    """Every entry under ``path``, relative to it."""
+    return {os.path.relpath(os.path.join(d, n), path) for d, dirs, files in os.walk(path) for n in dirs + files}
+
+
+@pytest.mark.job
+@pytest.mark.skipif(shutil.which("systemd-tmpfiles") is None, reason="systemd-tmpfiles not found (Debian's systemd)")
+def test_a_tmp_cleaner_leaves_a_running_jobs_run_directory_alone(tmp_path):
+    # Fedora and RHEL age /tmp out after 10 days (systemd-tmpfiles-clean.timer), a long job's run directory
+    # with it: the workers' logs, their beat socket (hang detection would then see no progress) and exit
+    # records. The real systemd-tmpfiles, age 0 over the job's TMPDIR while the job runs: the run directory,
+    # locked by the launcher, keeps every entry, and the job ends as it should; a directory beside it that
+    # nobody locks is removed by the same clean (the cleaner did run).
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    tmpdir = tmp_path / "tmp"
+    (tmpdir / "unlocked" / "sub").mkdir(parents=True)
+    conf = tmp_path / "tmpfiles.conf"
+    conf.write_text(f"e {tmpdir} - - - 0\n")
+    proc = start(base, [WORKER, *LONG_RUN, "--clean-stop"], TMPDIR=str(tmpdir))
+    wait_for_records(base, 2, steps=3)
+    job = Job(proc.pid, base)
+    before = tree(job.run_dir)
+    assert "exits" in before and any(n.endswith("/0/stdout.log") for n in before), before
+    subprocess.run(["systemd-tmpfiles", "--clean", str(conf)], check=True, timeout=60, capture_output=True)
+    assert not (tmpdir / "unlocked").exists()
+    assert tree(job.run_dir) >= before
+    os.killpg(proc.pid, signal.SIGTERM)  # the workers save and exit 0 (--clean-stop)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert all(r["steps_done"] > 3 for r in records(base).values())
+    job.assert_nothing_left()
+    assert os.listdir(tmpdir) == []
 
 
 def test_a_run_directory_that_cannot_be_made_is_bad_input(tmp_path):

@@ -145,8 +145,9 @@ def test_the_launchers_own_error_is_internal_and_written(tmp_path, capfd):
     environ = {"SAGEMAKER_BASE_DIR": str(base), "PATH": os.environ["PATH"], "TMPDIR": str(tmp_path)}
     p = cli.plan(["--nproc-per-node", "1", str(base / "train.py")], environ)
     p = p._replace(launch=p.launch._replace(argv=(str(tmp_path / "no-such-python"), *p.launch.argv[1:])))
-    cli.make_run_dir(p.launch.run_dir)
+    held = cli.make_run_dir(p.launch.run_dir)
     assert cli.run(p, environ) == codes.INTERNAL_CODE
+    os.close(held)
     assert "Traceback" in capfd.readouterr().err
     data = sagemaker_outcome(base)
     assert (data["class"], data["exit_code"]) == ("internal", 70)
