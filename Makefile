@@ -39,11 +39,14 @@ demo: $(STAMP)
 		-- train_scripts/train_digits.py --epochs 30
 
 # The SLURM cluster tests (launcher/simulate/slurm_lab.py) need Debian's slurm-wlm and munge (about 9 s, 46 MB) and
-# iproute2; installed as root when missing. Without root nothing is installed and those tests skip.
+# iproute2, the /tmp cleaner's test systemd-tmpfiles (systemd); installed as root when missing. Without root nothing
+# is installed and those tests skip.
 slurm-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	    ! { [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && [ -x /usr/sbin/ip -o -x /sbin/ip ]; }; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge iproute2 >/dev/null; \
+	    ! { [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && [ -x /usr/sbin/ip -o -x /sbin/ip ] && \
+	        [ -x /usr/bin/systemd-tmpfiles ]; }; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge iproute2 systemd \
+			>/dev/null; \
 	fi
 
 # The tests that start no training job (torchrun), lab (SLURM, network namespaces) or notebook run on every
