@@ -38,6 +38,7 @@ import boto3
 import nbformat
 import pytest
 from conftest import PYTHON, REPO, TRAIN_SCRIPTS, assert_gone, free_port, launcher_env
+from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 from launcher.platforms.sagemaker import argv as aws_argv
@@ -225,16 +226,31 @@ def inject_parameters(nb: nbformat.NotebookNode, values: dict[str, Any]) -> None
     nb.cells.insert(tagged[0] + 1, cell)
 
 
-def execute(path: str, values: dict[str, Any], env: dict[str, str], keep: str) -> nbformat.NotebookNode:
-    """Execute a copy of the notebook in ``notebooks/`` (as Jupyter would); save it to ``keep``."""
-    nb = nbformat.read(path, as_version=4)
-    inject_parameters(nb, values)
-    client = NotebookClient(nb, timeout=900, kernel_name="python3",
-                            resources={"metadata": {"path": NOTEBOOKS}})
+def run_cells(nb: nbformat.NotebookNode, km: KernelManager, env: dict[str, str], keep: str) -> None:
+    """Run every cell of ``nb`` (as Jupyter would) in a new kernel of ``km``; save the executed copy to ``keep``.
+
+    The test owns the kernel: it is shut down after the last cell (or the first that failed) and proven gone
+    by its PID. (nbclient shuts down only a kernel it created itself: one of a kernel manager given to it
+    lived on, idle, until pytest exited.)"""
+    client = NotebookClient(nb, timeout=900, km=km, resources={"metadata": {"path": NOTEBOOKS}})
+    pids = []
     try:
         client.execute(env=env)
     finally:
         nbformat.write(nb, keep)  # executed copy, kept with the test's files for reading
+        if km.has_kernel:
+            pids.append(km.provisioner.pid)
+            if client.kc is not None:
+                client.kc.stop_channels()
+            km.shutdown_kernel(now=False)
+    assert_gone(pids)  # fails when no kernel was recorded
+
+
+def execute(path: str, values: dict[str, Any], env: dict[str, str], keep: str) -> nbformat.NotebookNode:
+    """Execute a copy of the notebook in ``notebooks/`` with this venv's kernel; save it to ``keep``."""
+    nb = nbformat.read(path, as_version=4)
+    inject_parameters(nb, values)
+    run_cells(nb, KernelManager(kernel_name="python3"), env, keep)
     return nb
 
 

@@ -31,8 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
-from nbclient import NotebookClient
-from test_notebooks import NOTEBOOKS, REGION, ROLE, TINY, endpoint, inject_parameters, outputs  # noqa: F401
+from test_notebooks import NOTEBOOKS, REGION, ROLE, TINY, endpoint, inject_parameters, outputs, run_cells  # noqa: F401
 
 from launcher.platforms.sagemaker import bundle
 from launcher.simulate.hosts import sagemaker_v3
@@ -117,12 +116,9 @@ def recorded(endpoint, tmp_path_factory) -> Recorded:  # noqa: F811
     inject_parameters(nb, {"role_arn": ROLE, "bucket": BUCKET, "region": REGION, "instance_type": INSTANCE_TYPE,
                            "instance_count": 2, "epochs": 1, "extra_hyperparameters": TINY, "wait": True,
                            "logs": False, "hetero_data_instance_type": INSTANCE_TYPE, "endpoint_url": endpoint.url})
-    client = NotebookClient(nb, timeout=900, km=_kernel(scratch), resources={"metadata": {"path": NOTEBOOKS}})
     start = time.monotonic()
-    try:
-        client.execute(env={**v3_env(endpoint), "TMPDIR": scratch})
-    finally:
-        nbformat.write(nb, os.path.join(scratch, "sagemaker_v3_modeltrainer.ipynb"))
+    run_cells(nb, _kernel(scratch), {**v3_env(endpoint), "TMPDIR": scratch},
+              os.path.join(scratch, "sagemaker_v3_modeltrainer.ipynb"))
     seconds = time.monotonic() - start
     creates = _creates(endpoint)[before:]
     names = [c["TrainingJobName"] for c in creates]
