@@ -209,6 +209,49 @@ def _started_by(pid: int, tag: bytes, me: int = _ME, session: str = _SESSION) ->
     return False
 
 
+def left_running(me: int = _ME, session: str = _SESSION) -> list[int]:
+    """The live processes this pytest run started: every process below ``me`` and every one carrying a tag
+    of ``session`` (a daemon that left the tree keeps its tag). One that left the tree and cleared its
+    environment cannot be told from another user's and is not counted."""
+    own_session = session.encode() + b":"
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        pid = ancestor = int(entry.name)
+        for _ in range(64):
+            tag = _tag_of(ancestor)
+            if ancestor == me or (tag is not None and tag.startswith(own_session)):
+                if is_alive(pid):
+                    found.append(pid)
+                break
+            ancestor = _parent(ancestor)
+            if ancestor <= 0:
+                break
+    return sorted(found)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_outlives_the_tests():
+    """After the last test and every other fixture's tear-down (a module's kernel, server or lab): nothing that
+    this run started still runs. Each test proves its own processes gone; this catches what a fixture or a
+    library kept (a kernel nbclient did not shut down lived until pytest exited). Fails naming them."""
+    yield
+    deadline = time.monotonic() + 10
+    while (left := left_running()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        lines = []
+        for pid in left:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    argv = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+                lines.append(f"{pid}: {argv[:200]}")
+            except OSError:
+                lines.append(f"{pid}: (gone while read)")
+        pytest.fail("processes this test run started outlived every test and fixture:\n" + "\n".join(lines))
+
+
 class TierGuard:
     """Samples the processes a test starts, in a thread, and keeps the tiers they belong to."""
 

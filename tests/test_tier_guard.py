@@ -13,7 +13,7 @@ import subprocess
 import time
 from typing import Any
 
-from conftest import PYTHON, REPO, _started_by, assert_gone
+from conftest import PYTHON, REPO, _started_by, assert_gone, left_running
 
 TREE = os.path.join(REPO, "tests", "scripts", "process_tree.py")
 SESSION = f"{os.getpid()}-{os.urandom(6).hex()}"  # a session of its own: the real guard's is not involved
@@ -57,6 +57,44 @@ def test_the_guard_attributes_a_process_to_the_test_that_started_it(tmp_path):
     try:
         found = {name: _started_by(pid, TAG, me=pids["me"], session=SESSION) for name, pid in pids.items()}
         assert found == expected
+    finally:
+        for pid in pids.values():
+            os.kill(pid, signal.SIGKILL)
+        for proc in procs:
+            proc.wait(timeout=30)
+    assert_gone(pids.values())
+
+
+def test_what_outlives_the_tests_is_every_process_of_the_run_and_nothing_else(tmp_path):
+    # The session's last check (nothing_outlives_the_tests): below "me" or carrying any tag of its session.
+    earlier = f"{SESSION}:tests/test_x.py::test_before"
+    other_pytest = f"{os.getpid() + 1}-{os.urandom(6).hex()}:tests/test_x.py::test_now"
+    me = {"name": "me", "tag": None, "children": [
+        {"name": "no_tag", "tag": None, "children": [{"name": "no_tag_child", "tag": None}]},
+        {"name": "nested_pytest", "tag": other_pytest, "children": [{"name": "nested_child", "tag": None}]},
+        {"name": "detached_with_tag", "tag": earlier, "detach": True},
+        {"name": "detached_no_tag", "tag": None, "detach": True}]}
+    beside = [{"name": "other_lab", "tag": None, "children": [{"name": "other_lab_holder", "tag": None}]},
+              {"name": "other_session", "tag": other_pytest},
+              {"name": "beside_with_tag", "tag": TAG.decode()}]
+    procs = [start(tmp_path, spec) for spec in [me, *beside]]
+    ours = {"no_tag", "no_tag_child", "nested_pytest", "nested_child", "detached_with_tag", "beside_with_tag"}
+    everyone = {n for spec in [me, *beside] for n in names(spec)}
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / name).exists() for name in everyone):
+        assert time.monotonic() < deadline, sorted(everyone - set(os.listdir(tmp_path)))
+        time.sleep(0.05)
+    pids = {name: int((tmp_path / name).read_text()) for name in everyone}
+    try:
+        left = set(left_running(me=pids["me"], session=SESSION))
+        assert {n for n, pid in pids.items() if pid in left} == ours
+        os.kill(pids["no_tag_child"], signal.SIGSTOP)  # stopped is still running; a zombie is not
+        os.kill(pids["nested_child"], signal.SIGKILL)  # its parent does not reap it: a zombie
+        deadline = time.monotonic() + 30
+        while pids["nested_child"] in left_running(me=pids["me"], session=SESSION):
+            assert time.monotonic() < deadline, "a zombie counted as running"
+            time.sleep(0.05)
+        assert pids["no_tag_child"] in left_running(me=pids["me"], session=SESSION)
     finally:
         for pid in pids.values():
             os.kill(pid, signal.SIGKILL)
