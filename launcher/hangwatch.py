@@ -100,7 +100,6 @@ class HangWatch:
         self._phases: list[dict] = []  # node 0's orders not yet carried out (another host)
         self._frozen: set[int] = set()  # nodes that said frozen (node 0)
         self._stacks: dict[int, dict] = {}  # node -> its stacks message (node 0)
-        self._positions: dict[int, hang.Position] = {}
         self._why: dict[int, str] = {}  # rank -> why it gave no stack (this host's ranks; node 0: every host's)
         self.thread = threading.Thread(target=self._loop, name="hang-watch", daemon=True)
         if watch is not None:
@@ -301,7 +300,6 @@ class HangWatch:
             dumps = {**self._wait_for_dumps(len(workers)), **dumps}
         positions = {rank: pos for rank, threads in dumps.items() if rank is not None
                      for pos in [hang.position(threads, (OWN_DIR,))] if pos is not None}
-        self._positions = positions
         self._why = {rank: why for rank, why in taken.why.items() if rank not in positions}
         self._why.update({rank: "" for rank in self.hosts if rank not in positions and rank not in self._why})
         self.details = [f"rank {rank} ({self.hosts.get(rank, '?')}): " + (

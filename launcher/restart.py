@@ -36,7 +36,6 @@ from launcher import codes
 from launcher.progress import BeatSocket, Progress
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-END_FIELDS = ("node", "host", "code", "klass", "key", "head", "primary", "progress", "stopped")
 
 
 class End(NamedTuple):
