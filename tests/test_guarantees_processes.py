@@ -241,6 +241,19 @@ def test_stop_signal_with_a_dead_pipe_reader(tmp_path, signum, worker_args, expe
     assert all(r["signals"] == (["SIGTERM"] if signum == signal.SIGTERM else []) for r in records(base).values())
 
 
+def test_many_stop_requests_reach_the_workers_as_one_sigterm(tmp_path):
+    """A hub hears every other host's end as an event of its own and asks again each time: the script gets
+    one SIGTERM however often it is asked (a second would run its handler again, mid-checkpoint)."""
+    result = subprocess.run([PYTHON, os.path.join(REPO, "tests", "scripts", "stop_requests.py"), str(tmp_path), "20"],
+                            env=launcher_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    outcome = json.loads(result.stdout.splitlines()[-1])
+    assert outcome["returncode"] == 0 and outcome["stop_signal"] == signal.SIGTERM, outcome
+    assert (tmp_path / "terms").read_text().splitlines() == ["SIGTERM"]
+    assert result.stderr.count("job watch: stop request") == 1, result.stderr  # said once, as it was sent
+    assert_gone([outcome["pid"], outcome["watchdog"]])
+
+
 @pytest.mark.job
 @pytest.mark.parametrize("fd", [0, 1, 2], ids=["stdin", "stdout", "stderr"])
 def test_a_standard_stream_closed_at_start(tmp_path, fd):
