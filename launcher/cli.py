@@ -168,6 +168,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes, rule)
 
 
+
 def _block(label: str, items: Sequence[str]) -> list[str]:
     return [(f"{label + ':':<11}" if i == 0 else " " * 11) + item for i, item in enumerate(items)]
 
@@ -198,6 +199,43 @@ def make_run_dir(path: str) -> int:
     with contextlib.suppress(OSError):  # a file system without locks: only the cleaner's protection is lost
         fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
     return held
+
+
+def remove_dead_run_dirs(tmpdir: str, pids: Sequence[int]) -> list[str]:
+    """Remove the run directories (``tmpdir/ddp-launcher-<pid>-<16 hex digits>``) that launchers ``pids``
+    left when they were killed with everything of theirs, their watchdog included (a host's power loss in
+    simulate); returns what was removed. A directory whose lock is held (:func:`make_run_dir`: a launcher
+    running now with a reused pid) is left alone."""
+    import fcntl
+    import re
+    import shutil
+
+    wanted = {str(pid) for pid in pids}
+    name = re.compile(rf"{PROG}-(\d+)-[0-9a-f]{{16}}")
+    try:
+        entries = os.listdir(tmpdir)
+    except OSError:
+        return []
+    removed = []
+    for entry in sorted(entries):
+        found = name.fullmatch(entry)
+        if found is None or found.group(1) not in wanted:
+            continue
+        path = os.path.join(tmpdir, entry)
+        try:
+            held = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a running launcher holds it
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        finally:
+            os.close(held)
+    return removed
 
 
 def _watch_line(p: Plan) -> str:

@@ -341,6 +341,36 @@ def test_a_run_directory_that_cannot_be_made_is_bad_input(tmp_path):
     assert records(base) == {}
 
 
+
+def test_only_a_killed_launchers_unlocked_run_directory_is_removed_after_it(tmp_path):
+    """What simulate does after a host's power loss (tests/test_simulate_netns.py shows it on a real one):
+    the dead launchers' run directories go; a locked one (a launcher running now with a reused pid), one of
+    another pid, the zipapp's cache, a link and a file of the same name, and what a link points to stay."""
+    hex16 = "0123456789abcdef"
+    dead = tmp_path / f"ddp-launcher-111-{hex16}"
+    (dead / "exits").mkdir(parents=True)
+    (dead / "exits" / "5.json").write_text("{}")
+    held = cli.make_run_dir(str(tmp_path / f"ddp-launcher-222-{hex16}"))
+    other = tmp_path / f"ddp-launcher-333-{hex16}"
+    other.mkdir()
+    cache = tmp_path / "ddp-launcher-0"  # launcher/pyz.py's, for uid 0
+    cache.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / f"ddp-launcher-444-{hex16}").symlink_to(target)
+    (tmp_path / f"ddp-launcher-555-{hex16}").write_text("")
+    (tmp_path / f"ddp-launcher-111-{hex16}x").mkdir()  # not a run directory's name
+    try:
+        removed = cli.remove_dead_run_dirs(str(tmp_path), [0, 111, 222, 444, 555])
+        assert removed == [str(dead)]
+        assert sorted(os.listdir(tmp_path)) == sorted(
+            ["elsewhere", "ddp-launcher-0", f"ddp-launcher-111-{hex16}x", f"ddp-launcher-222-{hex16}",
+             f"ddp-launcher-333-{hex16}", f"ddp-launcher-444-{hex16}", f"ddp-launcher-555-{hex16}"])
+    finally:
+        os.close(held)
+    assert cli.remove_dead_run_dirs(str(tmp_path), [222]) == [str(tmp_path / f"ddp-launcher-222-{hex16}")]
+    assert cli.remove_dead_run_dirs(str(tmp_path / "missing"), [1]) == []
+
 # ------------------------------------------------------------------------------------------------
 # A stop with restarts stops: no new generation of workers
 # ------------------------------------------------------------------------------------------------

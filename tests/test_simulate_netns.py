@@ -155,10 +155,10 @@ def test_lab_partition_loses_packets_and_poweroff_kills_every_process(tmp_path: 
 # ------------------------------------------------------------------------------------------------
 
 def start(tmp_path: Any, name: str, hosts: int, *args: str, script: str = ALLREDUCE,
-          script_args: tuple[str, ...] = ("--steps", "2")) -> tuple[Simulate, str]:
+          script_args: tuple[str, ...] = ("--steps", "2"), **env: str) -> tuple[Simulate, str]:
     workdir = str(tmp_path / name)
     return Simulate(["--hosts", str(hosts), "--workdir", workdir, "--job-name", name, *args, "--", script,
-                     *script_args], str(tmp_path)), workdir
+                     *script_args], str(tmp_path), launcher_env(**env)), workdir
 
 
 def host_facts(workdir: str, hosts: int) -> dict[str, list[dict[str, Any]]]:
@@ -271,8 +271,10 @@ def test_partition_with_platform_stop_off_ends_by_the_deadline(tmp_path: Any, ma
 @pytest.mark.job
 @pytest.mark.lab
 def test_poweroff_kills_every_process_of_the_host_at_once(tmp_path: Any, machine: Any) -> None:
+    tmp = tmp_path / "tmp"  # the hosts' TMPDIR: their launchers' run directories
+    tmp.mkdir()
     sim, workdir = start(tmp_path, "dark", 2, "--nproc-per-node", "2", "--fault", "algo-2:poweroff:step=2",
-                         "--deadline", "60", script_args=("--steps", "0", "--step-sleep", "0.1"))
+                         "--deadline", "60", script_args=("--steps", "0", "--step-sleep", "0.1"), TMPDIR=str(tmp))
     sim.wait_for("[algo-2] [rank3]:step=1")
     records = rank_records(workdir, 2)
     ns_inode = int(re.sub(r"\D", "", os.readlink(f"/proc/{records['algo-2'][0]['pid']}/ns/net")))
@@ -289,6 +291,9 @@ def test_poweroff_kills_every_process_of_the_host_at_once(tmp_path: Any, machine
     assert hosts["algo-2"]["outcome"].startswith("lost: poweroff by --fault")
     assert hosts["algo-2"]["failure"] == ""  # its launcher had no moment to write a report
     assert [r["sigterm"] for r in records["algo-2"]] == [False, False]  # nothing was stopped politely
+    # its launcher's watchdog died with it: simulate removed the run directory the watchdog would have
+    assert [n for n in os.listdir(tmp) if n.startswith("ddp-launcher-")] == []
+    assert any("the run directory of algo-2's killed launcher" in line for line in sim.err), sim.stderr
     # (the job watch waits the 30 s loss timeout for a silent host, so simulate's stop comes first and, with
     # algo-1's workers blocked in a collective, may have to kill after its own grace period)
     assert hosts["algo-1"]["outcome"].startswith("stopped by simulate after algo-2 was lost")

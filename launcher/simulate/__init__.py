@@ -159,7 +159,8 @@ eviction). HOST is the platform's name, e.g. ``--platform kubeflow --fault JOB-w
 partitioned network: its packets vanish both ways, nobody gets a reset; ``netns`` only), and
 ``algo-2:poweroff:5`` is a power loss: the link goes down, then every process of the host (the
 launcher, torchrun, the workers, whatever they started) is SIGKILLed at once; with ``loopback``, the
-host's process tree is (its peers then see their connections close).
+host's process tree is (its peers then see their connections close). Its launcher's run directory
+in ``$TMPDIR``, which its killed watchdog cannot remove, simulate removes at the end.
 
 Transient faults, ``HOST:KIND:AFTER:SECONDS`` (``algo-2:blip:10:5``: 10 s after the host's start, for
 5 s; ``algo-1:pause:step=20:10``): each ends by itself after SECONDS, and a host that lives through it

@@ -116,6 +116,7 @@ class Simulation:
         self.marker = proctree.new_marker(MARKER)
         self.watchdog_pid = 0
         self.watchdog: Optional[proctree.Watchdog] = None  # kills and removes what is left if simulate dies
+        self.killed: dict[str, list[int]] = {}  # per host, the processes simulate SIGKILLed with their watchdog
 
     # -- starting -------------------------------------------------------------------------------
     def _start_host(self, spec: HostSpec) -> HostRun:
@@ -194,16 +195,33 @@ class Simulation:
         SIGKILLed at once (without a lab, the host's process tree)."""
         name = run.spec.name
         if self.lab is None:  # a poweroff (a partition needs namespaces: refused at the start)
-            what = f"SIGKILL to its {proctree.kill_tree([run.proc.pid])} process(es) at once"
+            what = f"SIGKILL to its {self._kill_host(run)} process(es) at once"
         elif armed.fault.kind == "partition":
             self.lab.partition(name)
             what = "its link is down: its packets vanish"
         else:
             killed = self.lab.poweroff(name)
+            self.killed.setdefault(name, []).extend(killed)
             what = f"link down, SIGKILL to {len(killed)} process(es) at once: {', '.join(map(str, killed))}"
         log(f"fault: {armed.fault.name} of {name} at {now - self.start:.1f} s ({armed.fault.meaning()}): {what}")
         armed.fired_at = now
         return True
+
+    def _kill_host(self, run: HostRun) -> int:
+        """SIGKILL to every process of the host's tree, remembered (:meth:`_remove_run_dirs`); how many."""
+        self.killed.setdefault(run.spec.name, []).extend([run.proc.pid, *proctree.descendants([run.proc.pid])])
+        return proctree.kill_tree([run.proc.pid])
+
+    def _remove_run_dirs(self) -> None:
+        """The run directories of the launchers simulate killed with their watchdog, removed as their
+        watchdog would have: a lost cloud host takes its disk along, but the simulated ones share this machine's."""
+        from launcher.cli import remove_dead_run_dirs
+
+        for run in self.runs:
+            if run.spec.name in self.killed:
+                tmpdir = run.spec.env.get("TMPDIR") or "/tmp"  # the host's whole environment
+                for path in remove_dead_run_dirs(tmpdir, self.killed[run.spec.name]):
+                    log(f"removed {path}, the run directory of {run.spec.name}'s killed launcher")
 
     def _host_pids(self, run: HostRun) -> list[int]:
         """Every process of the host: its network namespace's (netns), else its process tree."""
@@ -327,13 +345,13 @@ class Simulation:
             if run.ended is None and run.stop_sent is not None and not run.killed \
                     and now - run.stop_sent > limit:
                 log(f"{run.spec.name} still runs {limit:g} s after the stop signal: killing it")
-                proctree.kill_tree([run.proc.pid])
+                self._kill_host(run)
                 run.killed = f"still running {limit:g} s after the stop signal"
 
     def _kill_all(self, why: str) -> None:
         for run in self.runs:
             if run.ended is None and not run.killed:
-                proctree.kill_tree([run.proc.pid])
+                self._kill_host(run)
                 run.killed = why
 
     # -- the whole run ----------------------------------------------------------------------------
@@ -367,6 +385,7 @@ class Simulation:
             for run in self.runs:
                 for thread in run.pumps:
                     thread.join(timeout=5)
+            self._remove_run_dirs()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             watchdog.release()
