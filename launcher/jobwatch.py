@@ -603,6 +603,7 @@ class Hub(Watch):
         self.end_sent = False  # ``end`` was broadcast: every training node is done
         self.max_pending = MAX_PENDING + self.nnodes
         self.gen_ends: dict[int, dict[int, dict]] = {}  # restarts: every node's end of each generation
+        self.relayed: set[str] = set()  # "any", "primary": the kinds of cause the clients have been told
 
     @property
     def states(self) -> dict[int, str]:
@@ -652,6 +653,17 @@ class Hub(Watch):
         for node, known in list(self.nodes.items()):
             if node != skip and known.conn is not None:
                 self._send(known.conn, message)
+
+    def _relay(self, message: dict, skip: Optional[int] = None) -> None:
+        """Broadcast a host's end (``failed``) if it can change a client's cause (:meth:`Watch.cause`: the first
+        primary failure, else the first event): the first end, and the first primary one. After a failure every
+        other host ends too, each because of it: relaying all of them would cost N² messages and N lines in
+        every host's log for nothing. The hub's own log keeps each; a client joining late hears every one."""
+        kinds = {"any", "primary"} if message.get("primary") else {"any"}
+        if kinds <= self.relayed:
+            return
+        self.relayed |= kinds
+        self._broadcast(message, skip)
 
     def _refused(self, conn: _Conn, why: str) -> None:
         self._once(f"refused {why}", f"job watch: refused a connection from {conn.addr or 'somewhere'} ({why}); "
@@ -710,7 +722,7 @@ class Hub(Watch):
         if kind == "failed" and known.state == "running":
             event = _event({**message, "node": conn.node, "host": known.host}, self.nnodes)
             conn.ended, known.state = True, "failed"
-            self._broadcast(_as_message(event), skip=conn.node)
+            self._relay(_as_message(event), skip=conn.node)
             self._record(event)
         elif kind == "done" and known.state == "running":
             conn.ended, known.state = True, "done"
@@ -729,7 +741,7 @@ class Hub(Watch):
         if node in ends:
             return
         ends[node] = restart.end_of({**message, "node": node}).message()  # raises on a malformed one
-        if int(message["code"]) != 0 and gen >= self.generation:
+        if int(message["code"]) != 0 and gen >= self.generation and gen > self.stop_gen:  # the first failure only
             self._broadcast({"t": "gen_stop", "gen": gen, "report": _text(message.get("head", ""))}, skip=node)
             self._gen_stop(gen, _text(message.get("head", "")))
         self._decide()
@@ -759,6 +771,7 @@ class Hub(Watch):
     def _lose(self, node: int, known: _Node, why: str) -> None:
         known.state = "lost"
         event = Event("lost", node, known.host, LOST_CODE, f"{known.host} lost: {why}", False)
+        self.relayed.add("any")
         self._broadcast(_as_message(event))  # the lost one too: it may hear why, if it still can
         self._record(event)
 
@@ -810,6 +823,8 @@ class Hub(Watch):
             own, send = self.own, self.own is not None and not self.told
             self.told = self.told or send
         if send and own is not None:
+            if own.get("t") == "failed":
+                self.relayed |= {"any", "primary"} if own.get("primary") else {"any"}
             self._broadcast(own)
         if self.training is not None and not self.end_sent and self._trainers_done(own):
             self.end_sent = True

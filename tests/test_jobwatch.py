@@ -112,6 +112,69 @@ def test_a_failure_is_relayed_to_every_host_and_stops_it(watches):
     assert code == 0 and hub.states == {1: "failed", 2: "failed"}
 
 
+@pytest.mark.parametrize("first", ["primary", "consequence"])
+def test_only_an_end_that_can_change_the_cause_is_relayed(watches, first):
+    """After a failure every other host ends too, each because of it: the hub relays only the first end and
+    the first primary one (a client's cause), not N-1 consequences to N-1 clients; its own log keeps each."""
+    hub, hub_rec = watches(0, nnodes=5)
+    clients = [watches(node, nnodes=5) for node in (1, 2, 3, 4)]
+    until(lambda: all(joined(w) for w, _ in clients) and len(hub.states) == 4)
+
+    def stopped(node: int) -> str:
+        return f"algo-{node + 1}: its workers were stopped because of that"
+
+    primary = "algo-4: rank 3 (local rank 0) exited with code 7"
+    order = [(3, primary, True), (1, stopped(1), False)]
+    if first == "consequence":  # a host stopped by a peer's broken collective reports before the peer
+        order.reverse()
+    for node, text, is_primary in [*order, (2, stopped(2), False), (4, stopped(4), False)]:
+        finish(clients[node - 1][0], 7 if is_primary else 1, text, is_primary)
+        until(lambda n=node: hub.states.get(n) == "failed")  # in this order at the hub too
+    last, last_rec = clients[3]
+    finish(hub, 1, stopped(0), False)  # always sent, after every relay before it (one TCP stream)
+    until(lambda: f"job watch: {stopped(0)}" in last_rec.lines)
+    cause = last.cause()
+    assert (cause.node, cause.report) == (3, primary)  # the first primary failure, in either order
+    heard = [line for line in last_rec.lines if line.startswith("job watch: algo-")]
+    expected = [f"job watch: {text}" for i, (_, text, is_primary) in enumerate(order) if i == 0 or is_primary]
+    assert heard == [*expected, f"job watch: {stopped(0)}"], last_rec.lines  # not algo-3's end, nor algo-2's
+    assert {line for line in hub_rec.lines if line.startswith("job watch: algo-")} == \
+        {f"job watch: {t}" for t in (primary, stopped(1), stopped(2), stopped(4))}
+
+
+
+def test_a_generation_is_stopped_once_however_many_hosts_fail_in_it(watches):
+    """Restarts: the first failing end of a generation stops it on every host; the others that fail in it
+    (each because of the first) send the clients no second stop."""
+    from launcher import restart
+
+    hub, _ = watches(0, nnodes=4)
+    policy = restart.Policy(1, ["worker"])
+    hub.policy = lambda gen, ends, lost: policy.decide(gen, [restart.end_of(e) for e in ends], lost).message()
+    clients = [watches(node, nnodes=4) for node in (1, 2, 3)]
+    until(lambda: all(joined(w) for w, _ in clients) and len(hub.states) == 3)
+    last = clients[2][0]
+    told = []
+    heard = last._gen_stop
+    last._gen_stop = lambda gen, head: (told.append(gen), heard(gen, head))  # each gen_stop message it gets
+
+    def end(watch: jobwatch.Watch, node: int, code: int, primary: bool) -> threading.Thread:
+        message = restart.End(node, f"algo-{node + 1}", code, "worker" if code else "success",
+                              "ValueError at x.py:3" if primary else "", f"algo-{node + 1}: code {code}", primary,
+                              True).message()
+        thread = threading.Thread(target=watch.end_generation, args=(message, 30.0))
+        thread.start()
+        return thread
+
+    threads = [end(clients[0][0], 1, 7, True)]
+    until(lambda: told == [0])
+    threads += [end(clients[1][0], 2, 1, False), end(last, 3, 1, False), end(hub, 0, 1, False)]
+    for thread in threads:
+        thread.join(timeout=30)
+    assert all(0 in w.decisions and w.decisions[0]["restart"] for w in (hub, *(c for c, _ in clients)))
+    assert told == [0]  # the decision came after the others' ends, on the same stream: no second stop
+
+
 NODE = os.path.join(REPO, "tests", "scripts", "watch_node.py")
 
 
