@@ -3,7 +3,9 @@
 Roles. Node 0's launcher runs a hub, bound on every interface; every other launcher connects to the
 master address, retrying while its job runs (at most the rendezvous timeout), and reconnects with the
 same identity when its connection breaks without a definite end. A failure or loss anywhere is
-relayed by the hub to every host.
+relayed by the hub to every host: every loss, and of the failures those that can change a host's root
+cause (the first, the first primary one); the ends that follow, each host stopped because of the
+first, are the hub's to log, not N-1 more messages to each of N-1 hosts.
 
 Ports. By default the watch listens on the first free port of a short list derived from the job's
 identity, in 61000-65499: above Linux's ephemeral ports (32768-60999) and far from every rendezvous
@@ -29,7 +31,8 @@ Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` byt
 - ``lost`` {node, host, why}: the hub lost that host (also sent to the lost host, best effort);
 - ``gen_end`` {gen, node, host, code, klass, key, head, primary, progress, stopped}: with restarts
   (:mod:`launcher.restart`), this host's torchrun of generation ``gen`` has ended, all its workers gone;
-- ``gen_stop`` {gen, report}: the hub's order to stop the workers of generation ``gen`` (a host failed);
+- ``gen_stop`` {gen, report}: the hub's order to stop the workers of generation ``gen`` (the first host that
+  failed in it; the ones after it send no second order);
 - ``gen`` {generation, restart, why, used, cause}: node 0's decision at the end of a generation, the same
   for every host: restart (every host starts generation + 1) or end the job;
 - ``end``: in a job where only some hosts train (:mod:`launcher.groups`), every training host is
