@@ -168,7 +168,6 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes, rule)
 
 
-
 def _block(label: str, items: Sequence[str]) -> list[str]:
     return [(f"{label + ':':<11}" if i == 0 else " " * 11) + item for i, item in enumerate(items)]
 
