@@ -341,7 +341,6 @@ def test_a_run_directory_that_cannot_be_made_is_bad_input(tmp_path):
     assert records(base) == {}
 
 
-
 def test_only_a_killed_launchers_unlocked_run_directory_is_removed_after_it(tmp_path):
     """What simulate does after a host's power loss (tests/test_simulate_netns.py shows it on a real one):
     the dead launchers' run directories go; a locked one (a launcher running now with a reused pid), one of
@@ -370,6 +369,7 @@ def test_only_a_killed_launchers_unlocked_run_directory_is_removed_after_it(tmp_
         os.close(held)
     assert cli.remove_dead_run_dirs(str(tmp_path), [222]) == [str(tmp_path / f"ddp-launcher-222-{hex16}")]
     assert cli.remove_dead_run_dirs(str(tmp_path / "missing"), [1]) == []
+
 
 # ------------------------------------------------------------------------------------------------
 # A stop with restarts stops: no new generation of workers

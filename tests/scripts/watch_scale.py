@@ -89,8 +89,9 @@ def run(nnodes: int, port: int, timeout: float, fault: str, env: dict, job: str 
             later event (every other host's end), and the hub may say so after the clients it told."""
             first: dict[int, float] = {}
             for said in list(farm_said) + list(hub_said):
-                if "stop" in said and said.get("node", 0) != FAULTY:
-                    first[said.get("node", 0)] = min(said["stop"], first.get(said.get("node", 0), said["stop"]))
+                node = said.get("node", 0)  # the hub's lines name no node
+                if "stop" in said and node != FAULTY:
+                    first[node] = min(said["stop"], first.get(node, said["stop"]))
             return first
 
         _until(lambda: len(stops()) == nnodes - 1, timeout + wait, "not every host was stopped")
