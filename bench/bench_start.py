@@ -25,10 +25,12 @@ Rounds rotate their order; printed: each round's times and the CPU seconds of al
 median of the per-round ratios of the first way to each other (with the middle half), the median CPU of
 each, the count of rounds, and the machine's load average before and after. ``--trace`` runs the
 launcher once per size and prints every host's output lines with the seconds since the job's start
-(where a launcher's time goes).
+(where a launcher's time goes). ``--by-process`` also samples ``/proc`` every 50 ms during each job and prints
+the CPU seconds of each kind of the job's processes (launchers, torchruns, workers): whether the launcher
+costs more than its own CPU (the sampling itself costs some CPU, the same for both ways).
 
 Usage: ``.venv/bin/python bench/bench_start.py [--hosts 2 4] [--pairs 8] [--steps 60 140]
-[--ways launcher torchrun flags nowatch baseline] [--baseline DIR] [--no-compile] [--trace]``.
+[--ways launcher torchrun flags nowatch baseline] [--baseline DIR] [--no-compile] [--trace] [--by-process]``.
 Needs network namespaces (root or unprivileged user namespaces); only the lab's private addresses are used.
 """
 
@@ -60,6 +62,58 @@ STEP_SLEEP = "0.1"
 
 
 WAYS = ("launcher", "torchrun", "flags", "baseline", "nowatch")
+KINDS = (("launcher", "-m\0launcher\0"), ("torchrun", "torch.distributed.run"), ("worker", "ddp_allreduce.py"))
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+class ProcessCPU:
+    """The CPU seconds of each kind of process (:data:`KINDS`, by command line) among the descendants of
+    ``roots``, sampled from ``/proc`` every 50 ms until :meth:`stop`: what a process used in its last 50 ms is
+    missed, so each figure is a lower bound, alike for every way."""
+
+    def __init__(self, roots: Sequence[int]) -> None:
+        self.roots = set(roots)
+        self.cpu: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU seconds at the last look)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            parents, stats = {}, {}
+            for name in os.listdir("/proc"):
+                if name.isdigit():
+                    try:
+                        with open(f"/proc/{name}/stat", "rb") as fh:
+                            stats[int(name)] = fh.read().rsplit(b")", 1)[1].split()
+                    except OSError:
+                        continue
+                    parents[int(name)] = int(stats[int(name)][1])
+            for pid, fields in stats.items():
+                ancestor = pid
+                while ancestor not in self.roots and ancestor > 1:
+                    ancestor = parents.get(ancestor, 1)
+                if ancestor <= 1 or pid in self.roots:
+                    continue
+                kind = self.cpu.get(pid, ("other", 0.0))[0]
+                if kind == "other":  # a zombie's command line is empty: a process keeps the kind it was seen as
+                    try:
+                        with open(f"/proc/{pid}/cmdline") as fh:
+                            command = fh.read()
+                    except OSError:
+                        continue
+                    kind = next((kind for kind, mark in KINDS if mark in command), "other")
+                self.cpu[pid] = (kind, (int(fields[11]) + int(fields[12])) / TICK)
+
+    def stop(self) -> dict[str, float]:
+        """Stop sampling; the CPU seconds per kind."""
+        self._stop.set()
+        self._thread.join()
+        totals = {kind: 0.0 for kind, _ in KINDS}
+        for kind, seconds in self.cpu.values():
+            if kind in totals:  # not the lab's own processes
+                totals[kind] += seconds
+        return totals
 
 
 def argv_for(way: str, hosts: int, rank: int, steps: int, run_dir: str) -> list[str]:
@@ -79,10 +133,12 @@ def argv_for(way: str, hosts: int, rank: int, steps: int, run_dir: str) -> list[
 
 
 def run_job(lab: netns.Lab, way: str, hosts: int, steps: int, tmp: str, trace: bool = False,
-            strace: str = "", baseline: str = "") -> tuple[float, float]:
+            strace: str = "", baseline: str = "", by_process: bool = False) -> tuple[float, float]:
     """Every host of one job: seconds from the first start until the last exit, and the CPU seconds of every
-    process of the job (each reaped by its parent, so all of them count in this process's children)."""
+    process of the job (each reaped by its parent, so all of them count in this process's children).
+    ``by_process``: also print the CPU of each kind of process (:class:`ProcessCPU`)."""
     procs, readers, lines = [], [], []
+    sampler = ProcessCPU([os.getpid()]) if by_process else None
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     for rank in range(hosts):
@@ -113,6 +169,8 @@ def run_job(lab: netns.Lab, way: str, hosts: int, steps: int, tmp: str, trace: b
                 readers[-1].start()
     codes = [proc.wait(timeout=600) for proc in procs]
     took = time.monotonic() - started
+    if sampler is not None:
+        print(f"    {way}: CPU s by process, " + ", ".join(f"{kind} {cpu:.2f}" for kind, cpu in sampler.stop().items()))
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
     for reader in readers:
@@ -137,6 +195,7 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument("--no-compile", action="store_true", help="leave the launcher's modules uncompiled")
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--strace", default="", help="with --trace: strace each host into this prefix")
+    parser.add_argument("--by-process", action="store_true", help="print each job's CPU by kind of process")
     args = parser.parse_args(list(argv) or None)
     if not args.no_compile:
         for root in (REPO, *([args.baseline] if args.baseline else [])):
@@ -160,7 +219,8 @@ def main(argv: Sequence[str] = ()) -> int:
                     for i in range(args.pairs):
                         order = args.ways[i % len(args.ways):] + args.ways[:i % len(args.ways)]
                         for way in order:
-                            took, cpu_s = run_job(lab, way, hosts, steps, tmp, baseline=args.baseline)
+                            took, cpu_s = run_job(lab, way, hosts, steps, tmp, baseline=args.baseline,
+                                                  by_process=args.by_process)
                             times[way].append(took)
                             cpus[way].append(cpu_s)
                         print(f"  {hosts} hosts, {steps} steps, round {i + 1}: "
