@@ -361,7 +361,7 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
 
             log(f"hang timeout: {p.hang.describe()}")
             hangs = hangwatch.for_cluster(c, p.hang, p.launch.run_dir, log, watch,
-                                          worker_env=p.launch.environment(environ))
+                                          worker_env=p.launch.environment(environ), remake=[p.launch.exit_dir])
         elif p.hang or (options.hang_timeout != 0 and c.nnodes > 1):  # the plan left it off: --no-job-watch
             log("hang detection off: with several hosts it needs the job watch")
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin

@@ -120,7 +120,7 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
                 from launcher import hangwatch
 
                 hangs = hangwatch.for_cluster(c, p.hang, launch.run_dir, log, watch, previous=hangs,
-                                              worker_env=launch.environment(environ))
+                                              worker_env=launch.environment(environ), remake=[launch.exit_dir])
             steps = _steps(launch.run_dir, hangs, log, pending, failed_at)
             history.memory = oom.snapshot()  # a SIGKILL of this generation is told apart by its own count
             try:

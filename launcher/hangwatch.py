@@ -95,6 +95,7 @@ class HangWatch:
         self._frozen_at = 0.0
         self._dumped = False
         self._started: Optional[float] = None
+        self._beats_note: Optional[str] = None  # the last thing said of the beat socket's file (logged once)
         self._remote: dict[int, float] = {}  # node -> when its ranks were last heard (this clock)
         self._remote_step: dict[int, float] = {}  # node -> its ranks' latest step-like event (this clock)
         self._phases: list[dict] = []  # node 0's orders not yet carried out (another host)
@@ -189,6 +190,7 @@ class HangWatch:
             if time.monotonic() - judged < TICK:
                 continue
             judged = time.monotonic()
+            self._keep_beats()
             workers = self._workers()
             if not workers:
                 if self._started is not None:  # ended (a restart starts again with the start's bound)
@@ -210,6 +212,14 @@ class HangWatch:
             if now - latest >= self.timeout and not self._closing.is_set():
                 self._lead(now - latest, workers)
                 return
+
+    def _keep_beats(self) -> None:
+        """Bind the beat socket again if its file is gone (:meth:`BeatSocket.rebind_if_gone`): the workers'
+        beats would otherwise be lost, and a healthy job taken for a hung one."""
+        note = self.beats.rebind_if_gone(self.progress) if self.beats is not None else None
+        if note is not None and note != self._beats_note:
+            self.log(note)
+        self._beats_note = note
 
     def _check_stragglers(self, heard: Mapping[int, float], latest: float, now: float) -> None:
         for rank, when in heard.items():
@@ -448,18 +458,19 @@ def trigger_nccl_dumps(environ: Mapping[str, str], ranks: Sequence[int]) -> int:
 
 def for_cluster(cluster: Cluster, rule: hangtimeout.Policy, run_dir: str, log: Callable[[str], None],
                 watch: Optional[Watch] = None, previous: Optional[HangWatch] = None,
-                worker_env: Optional[Mapping[str, str]] = None) -> HangWatch:
+                worker_env: Optional[Mapping[str, str]] = None, remake: Sequence[str] = ()) -> HangWatch:
     """This host's hang watch: its ranks named by this host, beats on the run directory's socket, the
     timeout of ``rule``. ``previous``: the last generation's (a job-wide restart): what it learned of the
     job's steps stays, and the new generation starts under the start's bound. ``worker_env``: the workers'
-    environment (where the NCCL Flight Recorder's pipe is, on GPU hosts)."""
+    environment (where the NCCL Flight Recorder's pipe is, on GPU hosts). ``remake``: the run directory's
+    directories to make again with the beat socket if the directory is removed under the job."""
     clock = None
     if previous is not None:
         clock = previous.clock
         clock.restart()
     beats: Optional[BeatSocket] = None
     try:
-        beats = BeatSocket(run_dir)
+        beats = BeatSocket(run_dir, remake)
     except OSError as exc:
         log(f"progress beats off: cannot bind {os.path.join(run_dir, BEAT_SOCKET)}: {exc}; output lines "
             "still count as progress")

@@ -30,6 +30,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import Optional
 
 BEAT_ENV = "DDP_LAUNCHER_PROGRESS"
@@ -107,17 +108,53 @@ def parse_beat(data: bytes) -> Optional[tuple[int, bytes]]:
 
 
 class BeatSocket:
-    """The UNIX datagram socket beats arrive on; :meth:`drain` reads what came (never blocks)."""
+    """The UNIX datagram socket beats arrive on; :meth:`drain` reads what came (never blocks).
 
-    def __init__(self, run_dir: str) -> None:
+    The workers send to its path, so a socket whose file was removed (a ``/tmp`` cleaner that ignores the run
+    directory's lock, a hand) hears nothing more, and a healthy job would look hung: :meth:`rebind_if_gone`
+    binds a new one at the same path."""
+
+    def __init__(self, run_dir: str, remake: Sequence[str] = ()) -> None:
         self.path = os.path.join(run_dir, BEAT_SOCKET)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.remake = remake  # directories made again with the socket's own (the workers' exit records)
+        self.sock, self.identity = self._bind()
+
+    def _bind(self) -> tuple[socket.socket, tuple[int, int]]:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            self.sock.bind(self.path)
+            sock.bind(self.path)
+            sock.setblocking(False)
+            made = os.lstat(self.path)
         except OSError:
-            self.sock.close()
+            sock.close()
             raise
-        self.sock.setblocking(False)
+        return sock, (made.st_dev, made.st_ino)
+
+    def rebind_if_gone(self, progress: Progress) -> Optional[str]:
+        """If the socket's file is no longer at its path (removed, alone or with the run directory, or
+        replaced), read what the old socket holds into ``progress`` and bind a new one there, its directory
+        and :attr:`remake` made again (0700) if they are gone. Returns a line for the log when it did or
+        could not, None when all is well."""
+        with contextlib.suppress(OSError):
+            found = os.lstat(self.path)
+            if (found.st_dev, found.st_ino) == self.identity:
+                return None
+        self.drain(progress)
+        try:
+            directory = os.path.dirname(self.path)
+            os.makedirs(directory, 0o700, exist_ok=True)
+            if os.lstat(directory).st_uid != os.geteuid():
+                return f"progress beats: {self.path} is gone, and its directory is not this user's: not bound again"
+            for path in self.remake:
+                os.makedirs(path, 0o700, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            sock, self.identity = self._bind()
+        except OSError as exc:
+            return f"progress beats: {self.path} is gone and cannot be bound again: {exc}"
+        self.sock.close()
+        self.sock = sock
+        return f"progress beats: {self.path} was removed (a /tmp cleaner?): bound again"
 
     def fileno(self) -> int:
         """For select."""

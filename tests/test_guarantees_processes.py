@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from typing import Optional
@@ -325,6 +326,40 @@ def test_a_tmp_cleaner_leaves_a_running_jobs_run_directory_alone(tmp_path):
     assert proc.returncode == 0, err.decode()[-3000:]
     job.assert_nothing_left()
     assert os.listdir(tmpdir) == []
+
+
+@pytest.mark.job
+def test_a_run_directory_removed_under_the_job_is_no_hang(tmp_path):
+    # A cleaner that ignores the lock (tmpwatch, a cron `find -delete`, a hand) removes the whole run directory
+    # while the job trains. The workers send their progress beats to the socket's path there: without a new
+    # socket no beat would arrive, and the hang watch would stop a healthy job after its timeout. It binds one
+    # again (and the exit records' directory) within a second: the job trains on for well over the timeout,
+    # then ends as it should, and the run directory made again is removed at the end. (Before: a hang after
+    # 11 s, exit 124, and no stack, as the workers' logs had gone with the directory.)
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    tmpdir = tempfile.mkdtemp(prefix="ddp-test-")  # short: a UNIX socket's path has at most 107 bytes
+    try:
+        proc = start(base, ["--hang-timeout", "10", WORKER, *LONG_RUN, "--clean-stop"], TMPDIR=tmpdir)
+        wait_for_records(base, 2, steps=100)  # 5 s of steps: the sampler has sent a step (the start's bound is over)
+        job = Job(proc.pid, base)
+        shutil.rmtree(job.run_dir)
+        removed_at = max(r["steps_done"] for r in records(base).values())
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:  # 300 steps of 0.05 s: 15 s at the least
+            if min(r["steps_done"] for r in records(base).values()) >= removed_at + 300:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=60)[1].decode()[-3000:]
+        os.killpg(proc.pid, signal.SIGTERM)  # the workers save and exit 0 (--clean-stop)
+        _out, err = proc.communicate(timeout=60)
+        said = err.decode()
+        assert proc.returncode == 0, said[-3000:]
+        assert f"progress beats: {job.run_dir}/progress.sock was removed (a /tmp cleaner?): bound again" in said, said
+        assert "hang:" not in said, said[-3000:]
+        job.assert_nothing_left()
+        assert [n for n in os.listdir(tmpdir) if n.startswith("ddp-launcher-")] == []  # (torch keeps a cache there)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def test_a_run_directory_that_cannot_be_made_is_bad_input(tmp_path):

@@ -9,8 +9,13 @@ function again and again or go round several lines (moving; the loop is seen to 
 from __future__ import annotations
 
 import os
+import select
+import shutil
+import socket
+import stat
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -211,6 +216,76 @@ def test_a_restarted_generation_keeps_what_was_learned_and_starts_under_the_star
     second.clock.observe(100.0)  # its first step: the start is over, what was learned is in force at once
     assert second.clock.timeout()[0] == learned
     second.close()
+
+
+def beat_arrives(beats: progress.BeatSocket, prog: progress.Progress, sender: socket.socket, rank: int) -> bool:
+    """Send ``rank``'s beat to the socket's path; whether it arrives (False: nobody is bound there)."""
+    try:
+        sender.sendto(str(rank).encode(), beats.path)
+    except OSError:
+        return False
+    assert select.select([beats], [], [], 30)[0]
+    beats.drain(prog)
+    return rank in prog.beating
+
+
+@pytest.mark.parametrize("removed", ["the socket", "the run directory", "replaced by a file"])
+def test_a_beat_socket_whose_file_is_removed_is_bound_again(tmp_path: Path, removed: str) -> None:
+    """The workers send beats to the socket's path: with its file gone (a /tmp cleaner that ignores the run
+    directory's lock) no beat arrives and a healthy job would look hung, so the hang watch binds it again."""
+    run_dir, prog = tmp_path / "run", progress.Progress()
+    exits = run_dir / "exits"
+    run_dir.mkdir(0o700)  # as launcher.cli.make_run_dir makes them
+    exits.mkdir(0o700)
+    beats = progress.BeatSocket(str(run_dir), remake=[str(exits)])
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        assert beats.rebind_if_gone(prog) is None and beat_arrives(beats, prog, sender, 0)
+        sender.sendto(b"1", beats.path)  # waiting on the old socket when its file goes: read, not lost
+        if removed == "the socket":
+            os.unlink(beats.path)
+        elif removed == "the run directory":
+            shutil.rmtree(run_dir)
+        else:
+            os.unlink(beats.path)
+            (run_dir / progress.BEAT_SOCKET).write_text("not a socket")
+        assert not beat_arrives(beats, prog, sender, 2)
+        assert beats.rebind_if_gone(prog) == f"progress beats: {beats.path} was removed (a /tmp cleaner?): bound again"
+        assert 1 in prog.beating
+        assert beat_arrives(beats, prog, sender, 2)
+        assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700 and stat.S_IMODE(exits.stat().st_mode) == 0o700
+        assert beats.rebind_if_gone(prog) is None
+    finally:
+        sender.close()
+        beats.close()
+    assert not os.path.exists(beats.path)
+
+
+def test_a_hang_watch_binds_its_beat_socket_again_and_says_so_once(tmp_path: Path) -> None:
+    from conftest import resolve_cluster
+
+    from launcher import hangwatch
+
+    cluster = resolve_cluster({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-1", "SM_NUM_CPUS": "2",
+                               "SM_NUM_GPUS": "0", "SM_MODULE_NAME": "x"})
+    run_dir, lines = tmp_path / "run", []
+    run_dir.mkdir()
+    watch = hangwatch.for_cluster(cluster, hangtimeout.policy(None, 540, 0, {}), str(run_dir), lines.append,
+                                  remake=[str(run_dir / "exits")])
+    try:
+        shutil.rmtree(run_dir)
+        run_dir.write_text("a file where the run directory was")  # it cannot be made again, for now
+        for _ in range(3):
+            watch._keep_beats()  # the hang watch's thread does this once a second
+        assert len(lines) == 1 and lines[0].startswith(f"progress beats: {run_dir}/progress.sock is gone and cannot "
+                                                       "be bound again: [Errno 17] File exists"), lines
+        run_dir.unlink()
+        for _ in range(3):
+            watch._keep_beats()
+        assert lines[1:] == [f"progress beats: {run_dir}/progress.sock was removed (a /tmp cleaner?): bound again"]
+        assert (run_dir / "exits").is_dir()
+    finally:
+        watch.close()
 
 
 def test_the_floor_is_lowered_only_by_a_valid_test_variable() -> None:
