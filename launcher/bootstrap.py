@@ -143,6 +143,8 @@ def start_sampler(environ, stop=None):
     path, rank = environ.get(BEAT_VARIABLE), environ.get("RANK", "")
     if not path or not rank.isdigit() or environ.get(SAMPLE_VARIABLE) == "0":
         return None
+    if path.startswith("@"):  # a name in Linux's abstract namespace (launcher/progress.py: beat_address)
+        path = "\0" + path[1:]
     sampler = Sampler(threading.main_thread().ident)
     thread = threading.Thread(target=_sample, args=(sampler, int(rank), path, stop or threading.Event()),
                               name="ddp-launcher-sampler", daemon=True)

@@ -152,10 +152,10 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     rule = None
     hangs_on = options.hang_timeout != 0 and (cluster.nnodes == 1 or not options.no_job_watch)
     if options.max_restarts and not hangs_on:  # progress beats tell a restart whether it helped
-        from launcher.progress import BEAT_ENV, BEAT_SOCKET
+        from launcher.progress import BEAT_ENV, beat_address
 
         if BEAT_ENV not in environ:
-            launch = launch._replace(env_changes={**launch.env_changes, BEAT_ENV: os.path.join(run_dir, BEAT_SOCKET)})
+            launch = launch._replace(env_changes={**launch.env_changes, BEAT_ENV: beat_address(run_dir)})
     if hangs_on:
         from launcher.hangwatch import worker_env
         from launcher.platforms.devices import count_gpus

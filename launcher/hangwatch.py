@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from launcher import hang, hangtimeout, proctree, stacks
-from launcher.progress import BEAT_ENV, BEAT_SOCKET, BeatSocket, Progress
+from launcher.progress import BEAT_ENV, BeatSocket, Progress, beat_address
 from launcher.stacks import signal_workers
 
 if TYPE_CHECKING:
@@ -426,7 +426,7 @@ def worker_env(environ: Mapping[str, str], run_dir: str, gpus: int = 0) -> tuple
     set ``PYTHONFAULTHANDLER``: then a note says stacks may not come). With GPUs, NCCL's Flight Recorder
     (:data:`NCCL_FLIGHT_RECORDER`): each rank keeps its last collectives and writes them out on a NCCL
     timeout, or when the launcher writes to its pipe at a hang; a variable the user set wins. Pure."""
-    changes = {BEAT_ENV: os.path.join(run_dir, BEAT_SOCKET)}
+    changes = {BEAT_ENV: beat_address(run_dir)}
     notes = []
     if "PYTHONFAULTHANDLER" in environ:
         if not environ["PYTHONFAULTHANDLER"]:
@@ -472,7 +472,7 @@ def for_cluster(cluster: Cluster, rule: hangtimeout.Policy, run_dir: str, log: C
     try:
         beats = BeatSocket(run_dir, remake)
     except OSError as exc:
-        log(f"progress beats off: cannot bind {os.path.join(run_dir, BEAT_SOCKET)}: {exc}; output lines "
+        log(f"progress beats off: cannot bind {beat_address(run_dir)}: {exc}; output lines "
             "still count as progress")
     first = cluster.node_rank * cluster.nproc_per_node
     hosts = {first + i: cluster.current_host for i in range(cluster.nproc_per_node)}

@@ -7,10 +7,14 @@
   environment (:data:`BEAT_ENV`). A script sends its rank as a datagram, e.g. once per step::
 
       beat = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); beat.setblocking(False)  # once
-      with contextlib.suppress(OSError, KeyError): beat.sendto(os.environ["RANK"].encode(), os.environ[BEAT_ENV])
+      address = socket_address(os.environ.get(BEAT_ENV, ""))  # once: "@name" is "\\0name" (below)
+      with contextlib.suppress(OSError, KeyError): beat.sendto(os.environ["RANK"].encode(), address)
 
   One system call, no output, never blocks; when nobody listens (no launcher, hang detection off) it
-  fails at once with ``FileNotFoundError``/``ConnectionRefusedError``, which is ignored.
+  fails at once with ``FileNotFoundError``/``ConnectionRefusedError``, which is ignored. Where the socket's
+  path would be too long for a UNIX socket (107 bytes: a ``TMPDIR`` of more than about 55 characters) the
+  socket has a name in Linux's abstract namespace instead, written ``@name`` (a variable cannot hold the NUL
+  byte it starts with): :func:`socket_address` gives what to send to.
 - Sampled: without the script's help, :mod:`launcher.bootstrap` samples each rank's main thread and
   sends a beat with a word of :data:`SAMPLED` when it moved (``~moved``) or went round a loop (``~step``).
 
@@ -35,6 +39,7 @@ from typing import Optional
 
 BEAT_ENV = "DDP_LAUNCHER_PROGRESS"
 BEAT_SOCKET = "progress.sock"
+MAX_SOCKET_PATH = 107  # bytes of a UNIX socket's path (sun_path holds 108, with the closing NUL)
 SAMPLED = (b"~moved", b"~step")  # the words of the bootstrap's sampler (see launcher/bootstrap.py)
 MAX_BEAT = 64  # bytes of a beat datagram that are read: the rank, then an optional word
 CAPTURE_LIMIT = 16 * 1024 * 1024  # bytes of stack dumps kept after a hang (a few MB for hundreds of threads)
@@ -107,6 +112,22 @@ def parse_beat(data: bytes) -> Optional[tuple[int, bytes]]:
     return (int(head), word.strip()) if head.isdigit() and len(head) <= 7 else None
 
 
+def beat_address(run_dir: str) -> str:
+    """Where the workers send beats (:data:`BEAT_ENV`): the socket's path in the run directory; or, when that
+    is too long for a UNIX socket, ``@`` and the run directory's name (unique: the launcher's pid and 16
+    random hex digits), a name in Linux's abstract namespace, which the workers share with the launcher (the
+    same network namespace) and which no cleaner can remove. Pure."""
+    path = os.path.join(run_dir, BEAT_SOCKET)
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return path
+    return f"@{os.path.basename(run_dir)}/{BEAT_SOCKET}"
+
+
+def socket_address(address: str) -> str:
+    """What ``sendto`` and ``bind`` take for :func:`beat_address`'s value: ``@name`` is ``\\0name``."""
+    return "\0" + address[1:] if address.startswith("@") else address
+
+
 class BeatSocket:
     """The UNIX datagram socket beats arrive on; :meth:`drain` reads what came (never blocks).
 
@@ -115,26 +136,28 @@ class BeatSocket:
     binds a new one at the same path."""
 
     def __init__(self, run_dir: str, remake: Sequence[str] = ()) -> None:
-        self.path = os.path.join(run_dir, BEAT_SOCKET)
+        self.path = beat_address(run_dir)  # ``@name``: in the abstract namespace, no file
         self.remake = remake  # directories made again with the socket's own (the workers' exit records)
         self.sock, self.identity = self._bind()
 
     def _bind(self) -> tuple[socket.socket, tuple[int, int]]:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            sock.bind(self.path)
+            sock.bind(socket_address(self.path))
             sock.setblocking(False)
-            made = os.lstat(self.path)
+            found = None if self.path.startswith("@") else os.lstat(self.path)
         except OSError:
             sock.close()
             raise
-        return sock, (made.st_dev, made.st_ino)
+        return sock, (found.st_dev, found.st_ino) if found is not None else (0, 0)
 
     def rebind_if_gone(self, progress: Progress) -> Optional[str]:
         """If the socket's file is no longer at its path (removed, alone or with the run directory, or
         replaced), read what the old socket holds into ``progress`` and bind a new one there, its directory
         and :attr:`remake` made again (0700) if they are gone. Returns a line for the log when it did or
         could not, None when all is well."""
+        if self.path.startswith("@"):
+            return None  # no file to remove
         with contextlib.suppress(OSError):
             found = os.lstat(self.path)
             if (found.st_dev, found.st_ino) == self.identity:
@@ -176,10 +199,11 @@ class BeatSocket:
     def wake(self) -> None:
         """Make a select on this socket return now: an empty datagram to itself (no beat: ignored)."""
         with contextlib.suppress(OSError):
-            self.sock.sendto(b"", self.path)
+            self.sock.sendto(b"", socket_address(self.path))
 
     def close(self) -> None:
         """Close and remove the socket file."""
         self.sock.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        if not self.path.startswith("@"):
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)

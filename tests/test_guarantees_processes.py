@@ -362,6 +362,34 @@ def test_a_run_directory_removed_under_the_job_is_no_hang(tmp_path):
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+@pytest.mark.job
+def test_a_tmpdir_too_long_for_a_socket_path_still_hears_a_silent_job(tmp_path):
+    # A TMPDIR of 80 characters: the beat socket's path would pass a UNIX socket's 107 bytes, so it gets a name
+    # in the abstract namespace. The workers print nothing while they train: the sampler's beats are all the
+    # progress there is. The job trains well past the start's bound and the hang timeout, then ends as it
+    # should. (Before: "progress beats off", and a hang at the end of the start's bound, exit 124.)
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    tmpdir = tmp_path / ("t" * max(1, 80 - len(str(tmp_path)) - 1))
+    tmpdir.mkdir()
+    proc = start(base, ["--hang-timeout", "10", "--hang-start-timeout", "10", WORKER, *LONG_RUN, "--clean-stop"],
+                 TMPDIR=str(tmpdir))
+    wait_for_records(base, 2, steps=3)
+    job = Job(proc.pid, base)
+    assert sorted(os.listdir(job.run_dir)) == ["exits", "logs"]  # no socket file: its name is abstract
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:  # 400 steps of 0.05 s: 20 s at the least
+        if min(r["steps_done"] for r in records(base).values()) >= 400:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=60)[1].decode()[-3000:]
+    os.killpg(proc.pid, signal.SIGTERM)  # the workers save and exit 0 (--clean-stop)
+    _out, err = proc.communicate(timeout=60)
+    said = err.decode()
+    assert proc.returncode == 0, said[-3000:]
+    assert "hang:" not in said and "progress beats off" not in said, said[-3000:]
+    job.assert_nothing_left()
+
+
 def test_a_run_directory_that_cannot_be_made_is_bad_input(tmp_path):
     base = make_host(tmp_path, "algo-1", ["algo-1"])
     blocker = tmp_path / "file"

@@ -218,6 +218,59 @@ def test_a_restarted_generation_keeps_what_was_learned_and_starts_under_the_star
     second.close()
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0/"), min_size=1, max_size=40),
+       st.integers(min_value=0, max_value=200))
+def test_the_beat_address_fits_a_unix_socket_whatever_the_tmpdir(name: str, depth: int) -> None:
+    run_dir = os.path.join("/" + "/".join([name] * (depth // 10 + 1))[:depth + 1], "ddp-launcher-123-" + "a" * 16)
+    address = progress.beat_address(run_dir)
+    path = os.path.join(run_dir, progress.BEAT_SOCKET)
+    if len(os.fsencode(path)) <= progress.MAX_SOCKET_PATH:
+        assert address == path
+    else:  # Linux's abstract namespace: the run directory's name, unique to this launcher
+        assert address == "@ddp-launcher-123-aaaaaaaaaaaaaaaa/progress.sock"
+        assert progress.socket_address(address) == "\0" + address[1:]
+    assert len(os.fsencode(progress.socket_address(address))) <= progress.MAX_SOCKET_PATH
+
+
+def test_a_run_directory_too_deep_for_a_socket_path_gets_an_abstract_socket(tmp_path: Path) -> None:
+    """A TMPDIR of more than about 55 characters: the socket cannot have its path, so it gets a name in the
+    abstract namespace; the sampler and ddp_utils' beats reach it, and nothing of it is in the run directory."""
+    import sys
+
+    run_dir = tmp_path / ("x" * 60) / "ddp-launcher-123-0123456789abcdef"
+    run_dir.mkdir(parents=True)
+    prog, stop, thread = progress.Progress(), threading.Event(), None
+    beats = progress.BeatSocket(str(run_dir))
+    try:
+        assert beats.path == "@ddp-launcher-123-0123456789abcdef/progress.sock"
+        assert os.listdir(run_dir) == [] and beats.rebind_if_gone(prog) is None
+        thread = bootstrap.start_sampler({bootstrap.BEAT_VARIABLE: beats.path, "RANK": "3"}, stop)
+        assert select.select([beats], [], [], 30)[0]
+        beats.drain(prog)
+        assert 3 in prog.beating
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train_scripts"))
+        try:
+            import ddp_utils
+        finally:
+            sys.path.pop(0)
+        environ = {progress.BEAT_ENV: beats.path, "RANK": "5"}
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in environ.items():
+                patch.setenv(key, value)
+            ddp_utils.beat("eval", force=True)
+        assert select.select([beats], [], [], 30)[0]
+        beats.drain(prog)
+        assert 5 in prog.beating and prog.beats == 1  # an explicit beat
+    finally:
+        stop.set()
+        beats.close()
+        if thread is not None:
+            thread.join(timeout=10)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender, pytest.raises(OSError):
+        sender.sendto(b"1", progress.socket_address(beats.path))  # closed: nobody listens on the name any more
+
+
 def beat_arrives(beats: progress.BeatSocket, prog: progress.Progress, sender: socket.socket, rank: int) -> bool:
     """Send ``rank``'s beat to the socket's path; whether it arrives (False: nobody is bound there)."""
     try:

@@ -873,7 +873,8 @@ def beat(note: str = "", force: bool = False) -> None:
 
             state["sock"] = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             state["sock"].setblocking(False)
-        state["sock"].sendto(f"{os.environ.get('RANK', '0')} {note}".encode()[:64], path)
+        address = "\0" + path[1:] if path.startswith("@") else path  # "@": Linux's abstract namespace
+        state["sock"].sendto(f"{os.environ.get('RANK', '0')} {note}".encode()[:64], address)
     except OSError:
         pass  # nobody listens, or the queue is full: the next beat tries again
 
