@@ -328,6 +328,22 @@ def test_a_tmp_cleaner_leaves_a_running_jobs_run_directory_alone(tmp_path):
     assert os.listdir(tmpdir) == []
 
 
+def trains_on_then_stops(proc, base, steps: int) -> str:
+    """Wait until every rank of a ``--clean-stop`` job has done ``steps`` while its launcher still runs (a hang
+    would end it first), then stop it with SIGTERM; it must exit 0. Its stderr."""
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if min(r["steps_done"] for r in records(base).values()) >= steps:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=60)[1].decode()[-3000:]
+    os.killpg(proc.pid, signal.SIGTERM)  # the workers save and exit 0 (--clean-stop)
+    _out, err = proc.communicate(timeout=60)
+    said = err.decode()
+    assert proc.returncode == 0, said[-3000:]
+    return said
+
+
 @pytest.mark.job
 def test_a_run_directory_removed_under_the_job_is_no_hang(tmp_path):
     # A cleaner that ignores the lock (tmpwatch, a cron `find -delete`, a hand) removes the whole run directory
@@ -344,16 +360,7 @@ def test_a_run_directory_removed_under_the_job_is_no_hang(tmp_path):
         job = Job(proc.pid, base)
         shutil.rmtree(job.run_dir)
         removed_at = max(r["steps_done"] for r in records(base).values())
-        deadline = time.monotonic() + 300
-        while proc.poll() is None and time.monotonic() < deadline:  # 300 steps of 0.05 s: 15 s at the least
-            if min(r["steps_done"] for r in records(base).values()) >= removed_at + 300:
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=60)[1].decode()[-3000:]
-        os.killpg(proc.pid, signal.SIGTERM)  # the workers save and exit 0 (--clean-stop)
-        _out, err = proc.communicate(timeout=60)
-        said = err.decode()
-        assert proc.returncode == 0, said[-3000:]
+        said = trains_on_then_stops(proc, base, removed_at + 300)  # 300 steps of 0.05 s: 15 s at the least
         assert f"progress beats: {job.run_dir}/progress.sock was removed (a /tmp cleaner?): bound again" in said, said
         assert "hang:" not in said, said[-3000:]
         job.assert_nothing_left()
@@ -376,16 +383,7 @@ def test_a_tmpdir_too_long_for_a_socket_path_still_hears_a_silent_job(tmp_path):
     wait_for_records(base, 2, steps=3)
     job = Job(proc.pid, base)
     assert sorted(os.listdir(job.run_dir)) == ["exits", "logs"]  # no socket file: its name is abstract
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline:  # 400 steps of 0.05 s: 20 s at the least
-        if min(r["steps_done"] for r in records(base).values()) >= 400:
-            break
-        time.sleep(0.1)
-    assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=60)[1].decode()[-3000:]
-    os.killpg(proc.pid, signal.SIGTERM)  # the workers save and exit 0 (--clean-stop)
-    _out, err = proc.communicate(timeout=60)
-    said = err.decode()
-    assert proc.returncode == 0, said[-3000:]
+    said = trains_on_then_stops(proc, base, 400)  # 400 steps of 0.05 s: 20 s at the least
     assert "hang:" not in said and "progress beats off" not in said, said[-3000:]
     job.assert_nothing_left()
 
