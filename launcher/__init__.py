@@ -10,7 +10,8 @@ names every module and only modules that exist):
 
 - ``entry``: the front door (``ddp-launcher``, ``python -m launcher``, the zipapp): parses on Python 2.7+ and refuses
   a Python older than 3.9 in one line, then runs ``cli``.
-- ``cli``: ties it together (``python -m launcher``, ``ddp-launcher``): ``plan()`` decides, ``run()`` starts.
+- ``cli``: ties it together (``python -m launcher``, ``ddp-launcher``): ``plan()`` decides everything once (the
+  launch, and whether the job watch, hang detection and restarts are on, with why), ``run()`` starts.
 - ``options``: the launcher's own options (flags, ``LAUNCHER_*``, a platform's own argv form) and ``--help``.
 - ``errors``: ``ConfigError`` (bad input: exit 2, one line), how a bad value is quoted, bounded numbers.
 - ``filereader``: every input file read as a regular file, bounded, never blocking (FIFOs, devices refused).
@@ -30,6 +31,7 @@ names every module and only modules that exist):
 - ``cluster``: the ``Cluster`` value every platform produces.
 - ``groups``: hosts outside the training world: the script once, without torchrun, supervised.
 - ``command``: platform + options -> the ``Cluster`` (``cluster_for``), then torchrun's exact argv and env.
+- ``rundir``: the run directory under ``$TMPDIR``: made private and locked, removed, dead ones cleaned.
 - ``preflight``: bounded waits for host names and files the cluster publishes late.
 - ``bootstrap``: what torchrun runs for each worker: the script as ``python script.py``, and the code it asked for;
   with hang detection on, a thread that samples the main thread (moved, or went round a loop) and beats.

@@ -33,7 +33,6 @@ code and its report starts with it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -42,7 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from launcher import codes, groups, hangtimeout, platforms, report, streams
+from launcher import codes, groups, hangtimeout, platforms, report, rundir, streams
 from launcher.cluster import Cluster
 from launcher.command import (
     Launch,
@@ -70,6 +69,13 @@ def log(message: str) -> None:
     streams.write(sys.stderr, f"[{PROG}] {message}\n")
 
 
+class Switch(NamedTuple):
+    """One capability of a run, on or off, and why: decided once by :func:`plan`, said by the dry run."""
+
+    on: bool
+    why: str
+
+
 class Plan(NamedTuple):
     """Everything decided before anything starts."""
 
@@ -79,7 +85,10 @@ class Plan(NamedTuple):
     launch: Launch
     grace_period: float
     notes: tuple[str, ...]
-    hang: Optional[Policy] = None  # hang detection's timeouts; None: off
+    hang: Optional[Policy]  # hang detection's timeouts; None: off (``hangs`` says why)
+    watch: Switch  # the job watch: the hosts watch each other (several nodes)
+    hangs: Switch
+    restarts: Switch  # job-wide restarts in place (--max-restarts)
 
 
 def _check_script(script: str) -> None:
@@ -87,15 +96,6 @@ def _check_script(script: str) -> None:
         raise ConfigError(f"training script not found: {shown(script)} (in {os.getcwd()})")
     if not os.access(script, os.R_OK):
         raise ConfigError(f"training script is not readable: {shown(script)}")
-
-
-def check_tmpdir(environ: Mapping[str, str]) -> None:
-    """``TMPDIR`` (else /tmp), where the run directory goes, must be a directory this process can write."""
-    path = environ.get("TMPDIR") or "/tmp"
-    if not os.path.isdir(path):
-        raise ConfigError(f"TMPDIR is not a directory: {shown(path)}")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"TMPDIR is not writable: {shown(path)}")
 
 
 def host_view(options: Options, dev_dir: str = "/dev", sys_dir: str = "/sys") -> HostView:
@@ -118,7 +118,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
 
     The run directory (``$TMPDIR/ddp-launcher-<pid>-<random hex>``) and the job's marker variable
     (``DDP_LAUNCHER_JOB=<pid>-<random hex>``, the same token) are new for every run: no run can
-    read an earlier one's files or be mistaken for it. :func:`make_run_dir` creates the directory.
+    read an earlier one's files or be mistaken for it. :func:`launcher.rundir.make_run_dir` creates it.
     """
     notes: list[str] = []
     # The detected platform repairs the argv first: a split argv is not AWS's --key value pairs.
@@ -136,9 +136,9 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     if missing:
         notes.append(f"{missing}: a run would stop here (exit code 2)")
     if run_dir is None:
-        check_tmpdir(environ)
+        rundir.check_tmpdir(environ)
     token = f"{os.getpid()}-{os.urandom(8).hex()}"
-    run_dir = run_dir or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{PROG}-{token}")
+    run_dir = run_dir or rundir.path_for(os.environ, token)
     if groups.outside(cluster):  # a host outside the training world: the script once, no torchrun
         launch = groups.script_launch(cluster, options, invocation.script, invocation.script_args,
                                       environ, run_dir)
@@ -146,108 +146,71 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
         launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
                               environ, run_dir, choice.platform.fabric_env(cluster, host))
     launch = launch._replace(env_changes={**launch.env_changes, JOB_MARKER: token})
-    if groups.watch_place(cluster)[1] > 1 and not options.no_job_watch:  # the watch's settings, checked first
+    watch, hangs, restarts = decide(cluster, options)
+    if watch.on:  # the watch's settings, checked first
         watch_ports(cluster, options, "0")
         watch_secret(options, environ)
     rule = None
-    hangs_on = options.hang_timeout != 0 and (cluster.nnodes == 1 or not options.no_job_watch)
-    if options.max_restarts and not hangs_on:  # progress beats tell a restart whether it helped
+    if restarts.on and not hangs.on:  # progress beats tell a restart whether it helped
         from launcher.progress import BEAT_ENV, beat_address
 
         if BEAT_ENV not in environ:
             launch = launch._replace(env_changes={**launch.env_changes, BEAT_ENV: beat_address(run_dir)})
-    if hangs_on:
-        from launcher.hangwatch import worker_env
+    if hangs.on:
         from launcher.platforms.devices import count_gpus
 
         gpus = count_gpus(host.dev_dir)
         rule = hangtimeout.policy(options.hang_timeout, options.hang_start_timeout, gpus, environ)
-        changes, hang_notes = worker_env(environ, run_dir, gpus)
+        changes, hang_notes = hangtimeout.worker_env(environ, run_dir, gpus)
         launch = launch._replace(env_changes={**launch.env_changes, **changes}, notes=(*launch.notes, *hang_notes))
     grace = invocation.options.grace_period or choice.platform.grace_period
-    return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes, rule)
+    return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes, rule, watch, hangs, restarts)
+
+
+def decide(c: Cluster, options: Options) -> tuple[Switch, Switch, Switch]:
+    """The job watch, hang detection and job-wide restarts for this host, each on or off with its reason. Pure."""
+    several = groups.watch_place(c)[1] > 1
+    if not several:
+        watch = Switch(False, "one node: nothing to watch")
+    elif options.no_job_watch:
+        watch = Switch(False, "off (--no-job-watch): a failed or lost host does not stop the others")
+    else:
+        watch = Switch(True, "a host that fails, or falls silent, stops every host")
+    if options.hang_timeout == 0:
+        hangs = Switch(False, "off (--hang-timeout 0)")
+    elif c.nnodes > 1 and not watch.on:
+        hangs = Switch(False, "off: with several hosts it needs the job watch (--no-job-watch)")
+    else:
+        hangs = Switch(True, "node 0 decides for every host" if several else "this host decides")
+    budget = options.max_restarts
+    if not budget:
+        restarts = Switch(False, "off (--max-restarts 0)")
+    elif groups.outside(c):
+        restarts = Switch(False, "off: this host does not train")
+    elif groups.training_nodes(c) is not None:
+        restarts = Switch(False, "off: only some hosts of this job train (a restart needs every host)")
+    elif c.nnodes > 1 and not watch.on:
+        restarts = Switch(False, "off: with several hosts they need the job watch (node 0 decides for every host)")
+    else:
+        restarts = Switch(True, f"up to {budget} job-wide restart(s) in place, after a failure of class "
+                                f"{', '.join(options.restart_on)}; the workers resume from their checkpoint")
+    return watch, hangs, restarts
 
 
 def _block(label: str, items: Sequence[str]) -> list[str]:
     return [(f"{label + ':':<11}" if i == 0 else " " * 11) + item for i, item in enumerate(items)]
 
 
-def make_run_dir(path: str) -> int:
-    """Create the run directory, private (0700) and new: an existing one is never reused; and its
-    ``exits`` directory, where the workers record the code they asked for (:mod:`launcher.bootstrap`).
-    A full disk (less than :data:`launcher.logspace.FREE_MIN` free) is refused: torchrun could not write there.
-
-    Returns a descriptor of the directory that holds a shared BSD lock on it (close it once the directory is
-    removed): systemd-tmpfiles' aging skips a locked directory and everything below it (tmpfiles.d(5)), so a
-    job that outlives ``/tmp``'s cleanup age (10 days on Fedora and RHEL) keeps its workers' logs, their
-    beat socket and exit records. The descriptor is close-on-exec: torchrun does not inherit it."""
-    import fcntl
-
-    from launcher.logspace import disk_full_note
-
-    full = disk_full_note(os.path.dirname(path))
-    if full:
-        raise ConfigError(full[:300])
-    try:
-        os.mkdir(path, 0o700)
-        os.mkdir(os.path.join(path, "exits"), 0o700)
-        held = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as exc:
-        raise ConfigError(f"cannot create the run directory {path!r} (TMPDIR): "
-                          f"{exc.strerror or exc}"[:300]) from None
-    with contextlib.suppress(OSError):  # a file system without locks: only the cleaner's protection is lost
-        fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    return held
-
-
-def remove_dead_run_dirs(tmpdir: str, pids: Sequence[int]) -> list[str]:
-    """Remove the run directories (``tmpdir/ddp-launcher-<pid>-<16 hex digits>``) that launchers ``pids``
-    left when they were killed with everything of theirs, their watchdog included (a host's power loss in
-    simulate); returns what was removed. A directory whose lock is held (:func:`make_run_dir`: a launcher
-    running now with a reused pid) is left alone."""
-    import fcntl
-    import re
-    import shutil
-
-    wanted = {str(pid) for pid in pids}
-    name = re.compile(rf"{PROG}-(\d+)-[0-9a-f]{{16}}")
-    try:
-        entries = os.listdir(tmpdir)
-    except OSError:
-        return []
-    removed = []
-    for entry in sorted(entries):
-        found = name.fullmatch(entry)
-        if found is None or found.group(1) not in wanted:
-            continue
-        path = os.path.join(tmpdir, entry)
-        try:
-            held = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # a running launcher holds it
-        else:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-        finally:
-            os.close(held)
-    return removed
-
-
 def _watch_line(p: Plan) -> str:
-    options = p.invocation.options
-    if options.no_job_watch:
-        return "off (--no-job-watch): a failed or lost host does not stop the others"
-    c = p.cluster
+    if not p.watch.on:
+        return p.watch.why
+    c, options = p.cluster, p.invocation.options
     ports = "/".join(map(str, watch_ports(c, options, job_identity(c.job_name or "", c.master_addr or "",
                                                                   master_port(c, options), c.nnodes))))
     node, _nnodes, hub = groups.watch_place(c)
     where = f"listens on port {ports}" if node == 0 else f"connects to {hub}:{ports}"
-    return (f"this host {where} (the first free); a host that fails, or is silent for {options.loss_timeout:g} s, "
-            "stops every host")
+    return f"this host {where} (the first free); a host that fails, or is silent for {options.loss_timeout:g} s, " \
+           "stops every host"
 
 
 def describe(p: Plan, as_json: bool) -> str:
@@ -259,10 +222,11 @@ def describe(p: Plan, as_json: bool) -> str:
                            "evidence": list(c.evidence), "cluster": c.to_dict(), "argv": list(p.launch.argv),
                            "env": dict(p.launch.env_changes), "env_removed": list(p.launch.env_removed),
                            "grace_period": p.grace_period, "notes": list(p.notes),
-                           "hang_timeout": p.hang.describe() if p.hang else "off"}, indent=2)
+                           "hang_timeout": p.hang.describe() if p.hang else "off",
+                           **{name: {"on": switch.on, "why": switch.why} for name, switch in
+                              (("job_watch", p.watch), ("hangs", p.hangs), ("restarts", p.restarts))}}, indent=2)
     port = master_port(c, p.invocation.options)
     master = f"{c.master_addr}:{port}" if c.nnodes > 1 else "(standalone)"
-    watched = c.nnodes > 1 or (c.role is not None and len(c.role.job_hosts) > 1)
     lines = [f"platform:  {c.platform}: {p.choice.why}",
              *_block("matched", [f"{name}: {'; '.join(ev)}" for name, ev in p.choice.matches]),
              *_block("evidence", list(c.evidence)),
@@ -275,16 +239,11 @@ def describe(p: Plan, as_json: bool) -> str:
              *_block("env", [f"{k}={v}" for k, v in p.launch.env_changes.items()]),
              *_block("removed", [f"{k} (inherited; torchrun would read it)" for k in p.launch.env_removed]),
              f"stop:      grace period {p.grace_period:g} s after SIGTERM/SIGINT/SIGHUP",
-             f"hangs:     {p.hang.describe() if p.hang else _hangs_off(p)}",
-             *_block("watch", [_watch_line(p)] if watched else []),
+             f"hangs:     {p.hang.describe() if p.hang else p.hangs.why}",
+             f"restarts:  {'on: ' if p.restarts.on else ''}{p.restarts.why}",
+             *_block("watch", [_watch_line(p)] if groups.watch_place(c)[1] > 1 else []),
              *[f"note:      {n}" for n in p.notes]]
     return "\n".join(printable(line) for line in lines)
-
-
-def _hangs_off(p: Plan) -> str:
-    if p.invocation.options.hang_timeout == 0:
-        return "off (--hang-timeout 0)"
-    return "off: with several hosts it needs the job watch (--no-job-watch)"
 
 
 def printable(line: str) -> str:
@@ -297,7 +256,7 @@ def printable(line: str) -> str:
 def run(p: Plan, environ: Mapping[str, str], clock: Optional[Clock] = None) -> int:
     """Start and supervise torchrun; report the outcome. Returns the launcher's exit code.
 
-    The run directory (made by :func:`make_run_dir`) is removed at the end, or by the watchdog
+    The run directory (:func:`launcher.rundir.make_run_dir`) is removed at the end, or by the watchdog
     after it killed the job if the launcher itself is killed. The outcome file is written at the end
     of every run (:mod:`launcher.report`), also when the launcher itself failed.
     """
@@ -352,23 +311,25 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
         else:
             log(f"{c.platform} host {c.current_host}: node {c.node_rank} of {c.nnodes}, "
                 f"{c.nproc_per_node} process(es) per node; {shlex.join(p.launch.argv)}")
-        if groups.watch_place(c)[1] > 1 and not options.no_job_watch:
+        if p.watch.on:
             from launcher import jobwatch  # several nodes only
 
             watch = jobwatch.for_cluster(c, options, log, watch_secret(options, environ))
-        if p.hang and (c.nnodes == 1 or watch is not None):  # several hosts: node 0 decides
+        if p.hang is not None:  # several hosts: node 0 decides
             from launcher import hangwatch
 
             log(f"hang timeout: {p.hang.describe()}")
             hangs = hangwatch.for_cluster(c, p.hang, p.launch.run_dir, log, watch,
                                           worker_env=p.launch.environment(environ), remake=[p.launch.exit_dir])
-        elif p.hang or (options.hang_timeout != 0 and c.nnodes > 1):  # the plan left it off: --no-job-watch
-            log("hang detection off: with several hosts it needs the job watch")
+        elif options.hang_timeout != 0:
+            log(f"hang detection {p.hangs.why}")
+        if options.max_restarts and not outside:
+            log(f"restarts {'on: ' if p.restarts.on else ''}{p.restarts.why}")
         # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
         rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 and not outside else None
         memory = oom.snapshot()  # the kernel's OOM-kill count before: a worker's SIGKILL is then told apart
         clock = clock._replace(torchrun=time.time())
-        if _restarts_on(p, watch):
+        if p.restarts.on:
             from launcher.generations import run_generations
 
             outcome, hangs, last = run_generations(p, environ, log, watchdog, watch, hangs, rendezvous_timeout)
@@ -399,20 +360,6 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
         shutil.rmtree(p.launch.run_dir, ignore_errors=True)
         watchdog.release()
         proctree.reap_children()
-
-
-def _restarts_on(p: Plan, watch: object) -> bool:
-    """Job-wide restarts (``--max-restarts`` >= 1) for this host; said when they cannot be (logged)."""
-    options, c = p.invocation.options, p.cluster
-    if not options.max_restarts or groups.outside(c):
-        return False
-    if groups.training_nodes(c) is not None:
-        log("restarts off: only some hosts of this job train (a restart needs every host)")
-        return False
-    if c.nnodes > 1 and watch is None:
-        log("restarts off: with several hosts they need the job watch (node 0 decides for every host)")
-        return False
-    return True
 
 
 def outcome_path(options: Optional[Options], platform: Optional[platforms.Platform],
@@ -452,7 +399,7 @@ def _main(args: list[str]) -> int:
     clock = Clock(time.time())
     try:
         p = plan(args, environ)
-        held = None if p.invocation.options.dry_run else make_run_dir(p.launch.run_dir)
+        held = None if p.invocation.options.dry_run else rundir.make_run_dir(p.launch.run_dir)
     except ConfigError as exc:
         streams.write(sys.stderr, f"{PROG}: error: {exc}\n")
         _early_outcome(args, environ, Verdict(codes.BAD_INPUT, codes.BAD_INPUT_CODE, root_cause=str(exc)), clock)

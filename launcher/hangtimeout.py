@@ -1,5 +1,6 @@
 """Which hang timeout is in force, and why: the start's own bound, a fixed ``--hang-timeout``, or one learned
-from the job's steps (the reasons for each number: docs/hangs.md).
+from the job's steps (the reasons for each number: docs/hangs.md); and the workers' variables hang detection
+needs (:func:`worker_env`). Pure: the plan decides with it, :mod:`launcher.hangwatch` acts.
 
 - **The start** lasts from the workers' start until the job's first step-like event (an explicit beat, a
   loop the progress sampler saw come round, a line of a rank that has neither). Until then a silence is
@@ -22,10 +23,12 @@ from are those between step-like events, which are at least as long: the learned
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Callable, Optional
 
 from launcher.errors import ConfigError
+from launcher.progress import BEAT_ENV, beat_address
 
 FLOOR = 300.0  # HyperPod's 300 s without a step line; leaves NCCL's 600 s room for the stacks
 MULTIPLE = 5.0  # NVRx's safety factor over the longest gap seen
@@ -121,3 +124,27 @@ class Clock:
         why = f"{MULTIPLE:g} x the longest gap between steps, {self.longest:.1f} s, over {self.gaps} gaps"
         bound = " (the floor)" if value == rule.floor else " (the ceiling)" if value == rule.ceiling else ""
         return value, f"{value:.1f} s{bound}, learned: {why}"
+
+
+NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # writing to <prefix><rank>.pipe makes that rank dump
+
+
+def worker_env(environ: Mapping[str, str], run_dir: str, gpus: int = 0) -> tuple[dict[str, str], list[str]]:
+    """The workers' variables for hang detection: where beats go, and faulthandler on (unless the user
+    set ``PYTHONFAULTHANDLER``: then a note says stacks may not come). With GPUs, NCCL's Flight Recorder
+    (:data:`NCCL_FLIGHT_RECORDER`): each rank keeps its last collectives and writes them out on a NCCL
+    timeout, or when the launcher writes to its pipe at a hang; a variable the user set wins. Pure."""
+    changes = {BEAT_ENV: beat_address(run_dir)}
+    notes = []
+    if "PYTHONFAULTHANDLER" in environ:
+        if not environ["PYTHONFAULTHANDLER"]:
+            notes.append("kept PYTHONFAULTHANDLER= (set by the user): a hang's stacks will be missing")
+    else:
+        changes["PYTHONFAULTHANDLER"] = "1"
+    if gpus:
+        tmp = environ.get("TMPDIR") or "/tmp"
+        wanted = {**NCCL_FLIGHT_RECORDER, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(tmp, "nccl_trace_rank_"),
+                  NCCL_PIPE_ENV: os.path.join(run_dir, "nccl_pipe_rank_")}
+        changes.update({k: v for k, v in wanted.items() if k not in environ})
+    return changes, notes

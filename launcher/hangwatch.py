@@ -41,7 +41,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from launcher import hang, hangtimeout, proctree, stacks
-from launcher.progress import BEAT_ENV, BeatSocket, Progress, beat_address
+from launcher.hangtimeout import NCCL_PIPE_ENV
+from launcher.progress import BeatSocket, Progress, beat_address
 from launcher.stacks import signal_workers
 
 if TYPE_CHECKING:
@@ -57,9 +58,7 @@ TURN = 0.2  # how often another host looks for node 0's orders
 MAX_GROUPS_BYTES = 3000  # what a ``stacks`` message carries (the job watch's lines are at most 4096 bytes)
 MAX_WHY_BYTES = 600  # ... and why ranks gave no stack, in the same line
 # NCCL's Flight Recorder (torch >= 2.3): ring buffer of the last collectives, written out on a timeout.
-NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 NCCL_DUMP_WAIT = 2.0  # seconds the Flight Recorder gets to write its traces
-NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # writing to <prefix><rank>.pipe makes that rank dump
 OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the launcher's files in a worker's stack
 
 StopRequest = Callable[[float, str], None]
@@ -419,26 +418,6 @@ def _read_groups(groups: object) -> list[tuple[hang.Position, list[int]]]:
         read.append((hang.Position(str(file)[:200], int(line), str(func)[:100], str(call)[:100], bool(comm)),
                      [int(r) for r in ranks][:4096]))
     return read
-
-
-def worker_env(environ: Mapping[str, str], run_dir: str, gpus: int = 0) -> tuple[dict[str, str], list[str]]:
-    """The workers' variables for hang detection: where beats go, and faulthandler on (unless the user
-    set ``PYTHONFAULTHANDLER``: then a note says stacks may not come). With GPUs, NCCL's Flight Recorder
-    (:data:`NCCL_FLIGHT_RECORDER`): each rank keeps its last collectives and writes them out on a NCCL
-    timeout, or when the launcher writes to its pipe at a hang; a variable the user set wins. Pure."""
-    changes = {BEAT_ENV: beat_address(run_dir)}
-    notes = []
-    if "PYTHONFAULTHANDLER" in environ:
-        if not environ["PYTHONFAULTHANDLER"]:
-            notes.append("kept PYTHONFAULTHANDLER= (set by the user): a hang's stacks will be missing")
-    else:
-        changes["PYTHONFAULTHANDLER"] = "1"
-    if gpus:
-        tmp = environ.get("TMPDIR") or "/tmp"
-        wanted = {**NCCL_FLIGHT_RECORDER, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(tmp, "nccl_trace_rank_"),
-                  NCCL_PIPE_ENV: os.path.join(run_dir, "nccl_pipe_rank_")}
-        changes.update({k: v for k, v in wanted.items() if k not in environ})
-    return changes, notes
 
 
 def trigger_nccl_dumps(environ: Mapping[str, str], ranks: Sequence[int]) -> int:

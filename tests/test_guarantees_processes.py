@@ -23,7 +23,7 @@ from test_launcher_processes import make_host, records, wait_for_records
 from test_simulate import SCRIPT as ALLREDUCE
 from test_simulate import Simulate, ancestors_of_test, processes_inside, rank_records
 
-from launcher import cli, proctree
+from launcher import cli, proctree, rundir
 from launcher.errors import ConfigError
 
 WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
@@ -287,10 +287,10 @@ def test_every_run_gets_a_new_private_run_directory(tmp_path, monkeypatch):
                for p in plans)
     assert os.listdir(tmp_path) == ["train.py"]  # planning creates nothing
     path = plans[0].launch.run_dir
-    os.close(cli.make_run_dir(path))
+    os.close(rundir.make_run_dir(path))
     assert os.stat(path).st_mode & 0o777 == 0o700
     with pytest.raises(ConfigError, match="cannot create the run directory"):
-        cli.make_run_dir(path)  # an existing directory is never taken over
+        rundir.make_run_dir(path)  # an existing directory is never taken over
 
 
 def tree(path) -> set[str]:
@@ -410,7 +410,7 @@ def test_only_a_killed_launchers_unlocked_run_directory_is_removed_after_it(tmp_
     dead = tmp_path / f"ddp-launcher-111-{hex16}"
     (dead / "exits").mkdir(parents=True)
     (dead / "exits" / "5.json").write_text("{}")
-    held = cli.make_run_dir(str(tmp_path / f"ddp-launcher-222-{hex16}"))
+    held = rundir.make_run_dir(str(tmp_path / f"ddp-launcher-222-{hex16}"))
     other = tmp_path / f"ddp-launcher-333-{hex16}"
     other.mkdir()
     cache = tmp_path / "ddp-launcher-0"  # launcher/pyz.py's, for uid 0
@@ -421,15 +421,15 @@ def test_only_a_killed_launchers_unlocked_run_directory_is_removed_after_it(tmp_
     (tmp_path / f"ddp-launcher-555-{hex16}").write_text("")
     (tmp_path / f"ddp-launcher-111-{hex16}x").mkdir()  # not a run directory's name
     try:
-        removed = cli.remove_dead_run_dirs(str(tmp_path), [0, 111, 222, 444, 555])
+        removed = rundir.remove_dead_run_dirs(str(tmp_path), [0, 111, 222, 444, 555])
         assert removed == [str(dead)]
         assert sorted(os.listdir(tmp_path)) == sorted(
             ["elsewhere", "ddp-launcher-0", f"ddp-launcher-111-{hex16}x", f"ddp-launcher-222-{hex16}",
              f"ddp-launcher-333-{hex16}", f"ddp-launcher-444-{hex16}", f"ddp-launcher-555-{hex16}"])
     finally:
         os.close(held)
-    assert cli.remove_dead_run_dirs(str(tmp_path), [222]) == [str(tmp_path / f"ddp-launcher-222-{hex16}")]
-    assert cli.remove_dead_run_dirs(str(tmp_path / "missing"), [1]) == []
+    assert rundir.remove_dead_run_dirs(str(tmp_path), [222]) == [str(tmp_path / f"ddp-launcher-222-{hex16}")]
+    assert rundir.remove_dead_run_dirs(str(tmp_path / "missing"), [1]) == []
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from conftest import PYTHON
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import hang, progress
+from launcher import hang, hangtimeout, progress
 from launcher.hang import Frame, Position
 
 SITE = "/usr/lib/python3.11/site-packages"
@@ -236,15 +236,14 @@ def test_capture_keeps_stderr_after_the_hang_only() -> None:
 
 
 def test_worker_env_sets_faulthandler_beats_and_nccl_on_gpus_only_unless_the_user_did() -> None:
-    from launcher import hangwatch
 
-    plain, notes = hangwatch.worker_env({}, "/run/x")
+    plain, notes = hangtimeout.worker_env({}, "/run/x")
     assert plain == {progress.BEAT_ENV: "/run/x/progress.sock", "PYTHONFAULTHANDLER": "1"} and notes == []
-    gpu, _ = hangwatch.worker_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TMPDIR": "/scratch"}, "/run/x", gpus=8)
+    gpu, _ = hangtimeout.worker_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TMPDIR": "/scratch"}, "/run/x", gpus=8)
     assert gpu["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in gpu
     assert gpu["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/scratch/nccl_trace_rank_"
-    assert gpu[hangwatch.NCCL_PIPE_ENV] == "/run/x/nccl_pipe_rank_"
-    off, notes = hangwatch.worker_env({"PYTHONFAULTHANDLER": ""}, "/run/x")
+    assert gpu[hangtimeout.NCCL_PIPE_ENV] == "/run/x/nccl_pipe_rank_"
+    off, notes = hangtimeout.worker_env({"PYTHONFAULTHANDLER": ""}, "/run/x")
     assert "PYTHONFAULTHANDLER" not in off and "stacks will be missing" in notes[0]
 
 
@@ -255,12 +254,12 @@ def test_nccl_pipes_nobody_reads_are_skipped_and_a_reader_gets_its_byte(tmp_path
     os.mkfifo(prefix + "1.pipe")
     reader = os.open(prefix + "1.pipe", os.O_RDONLY | os.O_NONBLOCK)  # rank 1 listens, rank 0 has no pipe
     try:
-        assert hangwatch.trigger_nccl_dumps({hangwatch.NCCL_PIPE_ENV: prefix}, [0, 1]) == 1
+        assert hangwatch.trigger_nccl_dumps({hangtimeout.NCCL_PIPE_ENV: prefix}, [0, 1]) == 1
         assert os.read(reader, 10) == b"1"
     finally:
         os.close(reader)
     os.mkfifo(prefix + "2.pipe")  # nobody reads: skipped at once, never blocks
-    assert hangwatch.trigger_nccl_dumps({hangwatch.NCCL_PIPE_ENV: prefix}, [2]) == 0
+    assert hangwatch.trigger_nccl_dumps({hangtimeout.NCCL_PIPE_ENV: prefix}, [2]) == 0
 
 
 def test_a_point_to_point_wait_is_no_collective_two_ranks_still_have_a_culprit() -> None:

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_launcher_processes import WORKER, job_pids, make_host, start_launcher
 
-from launcher import cli, codes, report
+from launcher import cli, codes, report, rundir
 from launcher.failure import RootCause
 from launcher.options import parse_invocation
 from launcher.outcome import Outcome
@@ -145,7 +145,7 @@ def test_the_launchers_own_error_is_internal_and_written(tmp_path, capfd):
     environ = {"SAGEMAKER_BASE_DIR": str(base), "PATH": os.environ["PATH"], "TMPDIR": str(tmp_path)}
     p = cli.plan(["--nproc-per-node", "1", str(base / "train.py")], environ)
     p = p._replace(launch=p.launch._replace(argv=(str(tmp_path / "no-such-python"), *p.launch.argv[1:])))
-    held = cli.make_run_dir(p.launch.run_dir)
+    held = rundir.make_run_dir(p.launch.run_dir)
     assert cli.run(p, environ) == codes.INTERNAL_CODE
     os.close(held)
     assert "Traceback" in capfd.readouterr().err

@@ -178,3 +178,73 @@ def test_every_platform_option_lives_in_its_builder() -> None:
     assert {f.name for f in dataclasses.fields(Config)} == {
         "platform", "hosts", "nproc_per_node", "workdir", "job_name", "script", "script_args", "faults",
         "grace_period", "network", "network_note", "platform_stop", "deadline", "options"}
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Each module of the package (``launcher.x.y``) and the package modules it imports, at any depth of its code
+    (an import inside a function counts: it runs when that function does)."""
+    graph = {}
+    for path in modules_under(""):
+        rel = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+        module = rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
+        graph[module] = imported_modules(path)
+    return {m: {n for n in names if n in graph and n != m} for m, names in graph.items()}
+
+
+def test_the_imports_form_no_circle() -> None:
+    graph = package_imports()
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+    circles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        seen[module] = 1
+        for name in sorted(graph[module]):
+            if seen.get(name) == 1:
+                circles.append(path[path.index(name):] + [name])
+            elif name not in seen:
+                visit(name, [*path, name])
+        seen[module] = 2
+
+    for module in sorted(graph):
+        if module not in seen:
+            visit(module, [module])
+    assert len(graph) > 40 and circles == []
+
+
+def test_nothing_below_cli_imports_cli() -> None:
+    # cli ties the steps together; only the front door (entry: ddp-launcher, python -m launcher) stands above it.
+    importers = sorted(m for m, names in package_imports().items() if "launcher.cli" in names)
+    assert importers == ["launcher.entry"]
+
+
+# What starts or talks to processes, threads and sockets: run() uses them, plan() and the dry run never do.
+SERVICES = ("launcher.supervise", "launcher.jobwatch", "launcher.generations", "launcher.hangwatch",
+            "launcher.stacks", "launcher.proctree", "launcher.workerlogs", "launcher.logspace", "launcher.preflight")
+
+
+def test_plan_imports_no_service_module(tmp_path) -> None:
+    # cli's own imports (those at its top, run by every start) name no service ...
+    path = os.path.join(PACKAGE, "cli.py")
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    top = {f"{n.module}.{a.name}" if n.module == "launcher" else n.module
+           for n in tree.body if isinstance(n, ast.ImportFrom) and n.module for a in n.names}
+    assert top and sorted(top & set(SERVICES)) == []
+    # ... and a whole dry run, of a job with the watch, hang detection and restarts on, loads none.
+    script = tmp_path / "train.py"
+    script.write_text("")
+    probe = ("import json, sys\nfrom launcher import cli\n"
+             f"p = cli.plan(['--dry-run', '--max-restarts', '2', {str(script)!r}], "
+             "{'SM_HOSTS': '[\"algo-1\",\"algo-2\"]', 'SM_CURRENT_HOST': 'algo-1', 'PATH': '/usr/bin'})\n"
+             "text = cli.describe(p, False) + cli.describe(p, True)\n"
+             "print(json.dumps([p.watch.on, p.hangs.on, p.restarts.on, sorted(sys.modules)]))\n")
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": REPO, "TMPDIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    watch, hangs, restarts, loaded = json.loads(out.stdout)
+    assert (watch, hangs, restarts) == (True, True, True)
+    assert sorted(set(loaded) & set(SERVICES)) == []

@@ -215,7 +215,7 @@ class Simulation:
     def _remove_run_dirs(self) -> None:
         """The run directories of the launchers simulate killed with their watchdog, removed as their
         watchdog would have: a lost cloud host takes its disk along, but the simulated ones share this machine's."""
-        from launcher.cli import remove_dead_run_dirs
+        from launcher.rundir import remove_dead_run_dirs
 
         for run in self.runs:
             if run.spec.name in self.killed:
