@@ -787,8 +787,8 @@ def test_no_job_watch_starts_none(jobs, tmp_path):
     for host in (0, 1):
         assert job.procs[host].returncode == 0, job.stderr(host)[-3000:]
         mentions = [line for line in job.stderr(host).splitlines() if "job watch" in line]
-        assert mentions == ["[ddp-launcher] hang detection off: with several hosts it needs the job watch (--no-job-watch)"], \
-            mentions
+        off = "[ddp-launcher] hang detection off: with several hosts it needs the job watch (--no-job-watch)"
+        assert mentions == [off], mentions
 
 
 @pytest.mark.parametrize("args, needle", [
