@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import pytest
 
-from launcher import cli
+from launcher import cli, groups
 from launcher.options import Options
 from launcher.platforms.base import HostView, look_once
 
@@ -66,6 +66,15 @@ def test_real_environment_resolves_to_the_expected_plan(path: Path, tmp_path: Pa
     run_dir = str(tmp_path / "run")
     plan = cli.plan(argv, env, run_dir=run_dir)
     expect = entry["expect"]
+    assert not os.path.exists(run_dir), "a dry run creates nothing"
+    if expect.get("trains") is False:  # a host outside the training world: the script once, told where the world is
+        assert (plan.cluster.platform, groups.outside(plan.cluster)) == (expect["platform"], True)
+        assert "torch.distributed.run" not in plan.launch.argv
+        assert plan.launch.env_changes.get("MASTER_ADDR") == expect["master_addr"]
+        assert plan.launch.env_changes.get("MASTER_PORT") == str(expect["master_port"])
+        assert list(plan.cluster.hosts) == expect["hosts"]  # the training world, which this host is not in
+        assert plan.cluster.current_host not in expect["hosts"]
+        return
     torchrun = plan.launch.argv
     seen = {
         "platform": plan.cluster.platform,
@@ -83,7 +92,6 @@ def test_real_environment_resolves_to_the_expected_plan(path: Path, tmp_path: Pa
     for key in ("current_host", "job_name"):
         if key in expect:
             assert getattr(plan.cluster, key) == expect[key]
-    assert not os.path.exists(run_dir), "a dry run creates nothing"
 
 
 def test_corpus_covers_every_platform_with_recorded_sources() -> None:
