@@ -92,6 +92,36 @@ def test_each_node_reads_its_rank_the_master_and_the_port() -> None:
     assert resolve(step_env(1)).nproc_per_node == 1  # no GPU variable, no device: one process
 
 
+def test_a_shared_node_runs_one_process_per_gpu_the_job_was_given(tmp_path) -> None:
+    """All 8 GPUs show in /dev where cgroups deny the job 6 of them; SLURMs that set no SLURM_GPUS_ON_NODE
+    still list the node's own GPU ids (Lightning-AI/pytorch-lightning#16236: SLURM_STEP_GPUS='2,3')."""
+    for i in range(8):
+        (tmp_path / f"nvidia{i}").touch()
+    dev = str(tmp_path)
+    assert resolve(step_env(0), dev_dir=dev).nproc_per_node == 8  # nothing but the devices: all of them
+    assert resolve(step_env(0, SLURM_STEP_GPUS="2,3", SLURM_JOB_GPUS="2,3"), dev_dir=dev).nproc_per_node == 2
+    assert resolve(step_env(0, SLURM_JOB_GPUS="5,6,7"), dev_dir=dev).nproc_per_node == 3  # the batch script's
+    assert resolve(step_env(0, SLURM_STEP_GPUS="4", SLURM_JOB_GPUS="4,5"), dev_dir=dev).nproc_per_node == 1
+    assert resolve(step_env(0, SLURM_GPUS_ON_NODE="4", SLURM_STEP_GPUS="2,3"), dev_dir=dev).nproc_per_node == 4
+    # gres.conf without device files: SLURM writes NoDevFiles (src/plugins/gres/common/gres_common.c)
+    assert resolve(step_env(0, SLURM_STEP_GPUS="NoDevFiles", SLURM_JOB_GPUS="NoDevFiles"),
+                   dev_dir=dev).nproc_per_node == 8
+
+
+@given(st.sets(st.integers(min_value=0, max_value=10**6), min_size=1, max_size=64), st.randoms())
+def test_gpu_id_lists_count_each_id(ids: set[int], rng: random.Random) -> None:
+    written = [str(i) for i in ids]
+    rng.shuffle(written)
+    assert slurm.gpu_id_count({"SLURM_STEP_GPUS": " " + ",".join(written)}, "SLURM_STEP_GPUS") == len(ids)
+
+
+@pytest.mark.parametrize("text", ["2,2", "0,,1", "gpu0", "0-3", "1;2", "٣"])
+def test_a_gpu_id_list_that_is_not_one_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve(step_env(0, SLURM_STEP_GPUS=text))
+    assert str(caught.value) == f"SLURM_STEP_GPUS is not a list of distinct GPU ids (\"0,1\"): {text!r}"
+
+
 def test_the_step_list_wins_over_the_job_list() -> None:
     c = resolve(step_env(0, "n[3-4]", SLURM_JOB_NODELIST="n[1-4]", SLURMD_NODENAME="n3"))
     assert (c.hosts, c.node_rank, c.master_addr) == (("n3", "n4"), 0, "n3")

@@ -5,8 +5,10 @@ Where the host list becomes ``--node-rank``: the step's node list (``SLURM_STEP_
 host is the master; this node (``SLURMD_NODENAME``, else the host name) must be in it, and its
 index there must equal ``SLURM_NODEID``, the node rank.
 
-Processes per node: ``SLURM_GPUS_ON_NODE``, else the GPUs the node shows, else 1 (``--nproc-per-node``
-overrides it: :func:`launcher.command.cluster_for`). Master port: ``20000 + SLURM_JOB_ID % 10000``
+Processes per node: ``SLURM_GPUS_ON_NODE``, else the GPU ids this node was given (``SLURM_STEP_GPUS``, else
+``SLURM_JOB_GPUS``: ``"2,3"`` is 2; not every SLURM sets ``SLURM_GPUS_ON_NODE``, and a shared node shows all
+its GPUs in ``/dev`` where cgroups deny the job all but its own), else the GPUs the node shows, else 1
+(``--nproc-per-node`` overrides it: :func:`launcher.command.cluster_for`). Master port: ``20000 + SLURM_JOB_ID % 10000``
 (20000-29999, below Linux's ephemeral ports), so two jobs sharing a node do not clash;
 ``--master-port`` chooses another.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Optional
 
 from launcher.cluster import Cluster, is_host_name
 from launcher.errors import ConfigError, digits_value, shown
@@ -30,6 +33,7 @@ from launcher.platforms.base import HostView, Platform, nproc_per_node, whole_nu
 
 PORT_BASE, PORT_SPAN = 20000, 10000
 NODELIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+GPU_ID_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")  # the global ids of this step's / job's GPUs on the node
 _TASK_COUNT = re.compile(r"^(\d+)(?:\(x\d+\))?$")  # SLURM's "2(x3)": 2 tasks on each of 3 nodes
 
 
@@ -47,6 +51,18 @@ def max_tasks_per_node(text: str, name: str) -> int:
             raise ConfigError(f"{name} is not a SLURM task layout: {shown(text)}")
         counts.append(int(match.group(1)))
     return max(counts)
+
+
+def gpu_id_count(environ: Mapping[str, str], name: str) -> Optional[int]:
+    """How many GPUs ``name`` lists (SLURM's comma list of GPU ids, ``"2,3"`` -> 2); None when unset, empty or
+    ``NoDevFiles`` (what SLURM writes for GPUs that gres.conf gives no device files)."""
+    text = environ.get(name, "").strip()
+    if not text or text == "NoDevFiles":
+        return None
+    ids = [digits_value(part) for part in text.split(",")]
+    if None in ids or len(set(ids)) != len(ids):
+        raise ConfigError(f"{name} is not a list of distinct GPU ids (\"0,1\"): {shown(text)}")
+    return len(ids)
 
 
 def _check_one_task_per_node(environ: Mapping[str, str]) -> None:
@@ -86,7 +102,7 @@ class Slurm(Platform):
 
     name = "slurm"
     reads = ("SLURM_STEP_NODELIST or SLURM_JOB_NODELIST (expanded), SLURM_NODEID, SLURMD_NODENAME, "
-             "SLURM_GPUS_ON_NODE; port 20000 + SLURM_JOB_ID % 10000")
+             "SLURM_GPUS_ON_NODE (else SLURM_STEP_GPUS/SLURM_JOB_GPUS); port 20000 + SLURM_JOB_ID % 10000")
     grace_period = 25.0  # scancel: SIGKILL KillWait (30 s by default) after SIGTERM
 
     def detect(self, environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -117,8 +133,9 @@ class Slurm(Platform):
             raise ConfigError(f"SLURM_NODEID={node_id} but this node {current!r} is number {rank} of "
                               f"{source}={shown(environ[source])}")
         evidence = [f"{source}={environ[source]}: {len(hosts)} host(s); this node {current!r} is node {rank}"]
-        gpus = whole_number(environ, "SLURM_GPUS_ON_NODE")
-        nproc = nproc_per_node(host, evidence, [("SLURM_GPUS_ON_NODE", gpus)])
+        counts = [("SLURM_GPUS_ON_NODE", whole_number(environ, "SLURM_GPUS_ON_NODE"))]
+        counts += [(name, gpu_id_count(environ, name)) for name in GPU_ID_VARIABLES]
+        nproc = nproc_per_node(host, evidence, counts)
         port = port_for(job_id) if job_id is not None else None
         if port is not None:
             evidence.append(f"master port {port} = {PORT_BASE} + SLURM_JOB_ID {job_id} % {PORT_SPAN}")
