@@ -29,6 +29,11 @@ from launcher.errors import ConfigError, digits_value, shown
 from launcher.platforms.base import HostView, Platform, nproc_per_node, whole_number
 
 PORT_BASE, PORT_SPAN = 20000, 10000
+#: SLURM job ids are unsigned 32-bit (slurm.h: uint32_t job_id; NO_VAL = 0xfffffffe and INFINITE =
+#: 0xffffffff are never a job's): MaxJobId defaults to 67,043,328 and a federated job id carries its
+#: cluster's number in bits 26-31, so real ids run from 1 to 2^32 - 2.
+MAX_JOB_ID = 2**32 - 2
+JOB_ID_RULE = "SLURM job ids are unsigned 32-bit"
 NODELIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 _TASK_COUNT = re.compile(r"^(\d+)(?:\(x\d+\))?$")  # SLURM's "2(x3)": 2 tasks on each of 3 nodes
 
@@ -96,7 +101,7 @@ class Slurm(Platform):
                      if environ.get(name))
 
     def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
-        job_id = whole_number(environ, "SLURM_JOB_ID")
+        job_id = whole_number(environ, "SLURM_JOB_ID", minimum=1, maximum=MAX_JOB_ID, rule=JOB_ID_RULE)
         source, hosts = read_hosts(environ)
         if environ.get("SLURM_STEP_ID", "").strip():
             _check_one_task_per_node(environ)  # in the batch script, the task layout is the job's, not ours
