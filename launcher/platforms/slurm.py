@@ -29,9 +29,9 @@ from launcher.errors import ConfigError, digits_value, shown
 from launcher.platforms.base import HostView, Platform, nproc_per_node, whole_number
 
 PORT_BASE, PORT_SPAN = 20000, 10000
-#: SLURM job ids are unsigned 32-bit (slurm.h ``uint32_t job_id``): MaxJobId is at most 67,043,328 (the
-#: default, read_config.h ``DEFAULT_MAX_JOB_ID`` 0x03ff0000) and a federated id adds its cluster's number
-#: (1-63) << 26, so the largest real id is 4,294,901,759; the bound, 2^32 - 2, lies just beyond it.
+#: SLURM job ids are unsigned 32-bit (slurm.h ``uint32_t job_id``): MaxJobId defaults to 67,043,328
+#: (read_config.h ``DEFAULT_MAX_JOB_ID`` 0x03ff0000), ids below 2^26 are a cluster's own and a federated id
+#: adds its cluster's number (1-63) << 26, up to 4,294,901,759; the bound, 2^32 - 2, lies just beyond it.
 MAX_JOB_ID = 2**32 - 2
 JOB_ID_RULE = "SLURM job ids are unsigned 32-bit"
 NODELIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
