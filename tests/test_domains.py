@@ -103,6 +103,7 @@ def test_slurm_every_job_id_and_node_list_resolves(job_id: int, nodelist: str, d
     assert cluster.master_port == 20000 + job_id % 10000 and cluster.job_name == f"slurm-{job_id}.0"
 
 
+@pytest.mark.filterwarnings("ignore:The `srun` command is available")  # Lightning's hint on a host with srun
 @FAST
 @given(job_id=st.integers(1000, SLURM_MAX_JOB_ID), width=st.integers(1, 6), first=st.integers(0, 9000),
        count=st.integers(1, 40), data=st.data())
