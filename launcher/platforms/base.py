@@ -168,7 +168,7 @@ def whole_number(environ: Mapping[str, str], name: str, minimum: int = 0,
     """A variable holding a whole number (None when unset or empty); anything else is a ConfigError.
 
     The default bound is for counts and indices (:data:`MAX_COUNT`); an identifier or a port passes its
-    own domain as ``minimum``/``maximum``, and ``rule`` (e.g. ``"a SLURM job id: unsigned 32-bit"``)
+    own domain as ``minimum``/``maximum``, and ``rule`` (e.g. ``"SLURM job ids are unsigned 32-bit"``)
     says in the error where that domain comes from.
     """
     text = environ.get(name, "").strip()

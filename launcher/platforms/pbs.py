@@ -84,7 +84,7 @@ class Pbs(Platform):
             raise ConfigError("PBS job without a node file: PBS_NODEFILE is not set")
         data = read_bounded(path, MAX_NODEFILE_BYTES, "PBS_NODEFILE") or b""
         hosts = unique_hosts(_lines(data))
-        lines = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
+        line_count = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
         bad = next((h for h in hosts if not is_host_name(h)), None)
         if bad is not None:
             raise ConfigError(f"PBS_NODEFILE {shown(path)}: {shown(bad)} is not a host name")
@@ -92,7 +92,7 @@ class Pbs(Platform):
             raise ConfigError(f"PBS_NODEFILE {path} lists no host")
         source = f"PBS_NODEFILE {path}"
         rank = find_host(hosts, host.name, source)
-        evidence = [f"{source}: {lines} line(s), {len(hosts)} host(s); this node {hosts[rank]!r} is node {rank}"]
+        evidence = [f"{source}: {line_count} line(s), {len(hosts)} host(s); this node {hosts[rank]!r} is node {rank}"]
         nproc = nproc_per_node(host, evidence)
         job_id = environ.get("PBS_JOBID", "").strip()
         port = port_for(job_id) if job_id else None
