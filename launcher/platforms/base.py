@@ -28,7 +28,10 @@ from launcher.platforms.devices import count_gpus
 Attempt = Callable[[], tuple[Optional[Any], str]]
 
 _ADDRESS = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
-MAX_COUNT = 1_000_000  # no count a platform publishes (hosts, ranks, devices) is larger: a typo or garbage
+#: No count or index a platform publishes (hosts, node ranks, pods, devices) is larger: a typo or garbage.
+#: Only for counts: an identifier (a job id) or a port has its own domain (:func:`whole_number`'s bounds).
+MAX_COUNT = 1_000_000
+MAX_PORT = 65535
 
 
 def look_once(attempt: Attempt, what: str, why: str = "not waiting") -> Any:
@@ -161,8 +164,13 @@ def parse_json(text: str, name: str, expects: str) -> Any:
 
 
 def whole_number(environ: Mapping[str, str], name: str, minimum: int = 0,
-                 maximum: int = MAX_COUNT) -> Optional[int]:
-    """A variable holding a whole number (None when unset or empty); anything else is a ConfigError."""
+                 maximum: int = MAX_COUNT, rule: str = "") -> Optional[int]:
+    """A variable holding a whole number (None when unset or empty); anything else is a ConfigError.
+
+    The default bound is for counts and indices (:data:`MAX_COUNT`); an identifier or a port passes its
+    own domain as ``minimum``/``maximum``, and ``rule`` (e.g. ``"SLURM job ids are unsigned 32-bit"``)
+    says in the error where that domain comes from.
+    """
     text = environ.get(name, "").strip()
     if not text:
         return None
@@ -172,8 +180,13 @@ def whole_number(environ: Mapping[str, str], name: str, minimum: int = 0,
         raise ConfigError(f"{name} is not a whole number: {shown(environ[name])}") from None
     if not minimum <= value <= maximum:
         bound = f">= {minimum}" if value < minimum and maximum == MAX_COUNT else f"{minimum}-{maximum}"
-        raise ConfigError(f"{name} must be {bound}: {shown(environ[name])}")
+        raise ConfigError(f"{name} must be {bound}{f' ({rule})' if rule else ''}: {shown(environ[name])}")
     return value
+
+
+def port_number(environ: Mapping[str, str], name: str) -> Optional[int]:
+    """A variable holding a TCP port, 1-65535 (None when unset or empty)."""
+    return whole_number(environ, name, minimum=1, maximum=MAX_PORT, rule="a TCP port")
 
 
 def node_rank_in(nnodes: int, rank: Optional[int], rank_name: str, count_name: str) -> int:
@@ -268,8 +281,8 @@ def host_and_port(address: str, source: str) -> tuple[str, int]:
     """``host:port`` -> its parts; anything else is a :class:`ConfigError` naming ``source``."""
     host, sep, port = address.strip().rpartition(":")
     number = digits_value(port, 5)
-    if not sep or not host or number is None or not 1 <= number <= 65535:
-        raise ConfigError(f"{source}: not HOST:PORT: {shown(address)}")
+    if not sep or not host or number is None or not 1 <= number <= MAX_PORT:
+        raise ConfigError(f"{source}: not HOST:PORT (port 1-{MAX_PORT}): {shown(address)}")
     return host, number
 
 

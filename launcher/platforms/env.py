@@ -23,6 +23,7 @@ from launcher.platforms.base import (
     node_count,
     node_rank_in,
     nproc_per_node,
+    port_number,
     torchrun_nproc,
     whole_number,
 )
@@ -70,7 +71,7 @@ class TorchrunEnvironment(Platform):
         if nnodes > 1 and not master:
             raise ConfigError(f"MASTER_ADDR is not set (needed with {count_name}={nnodes})")
         port_name = first_set(environ, ("MASTER_PORT", "PET_MASTER_PORT"))
-        port = whole_number(environ, port_name, minimum=1, maximum=65535) if port_name else None
+        port = port_number(environ, port_name) if port_name else None
         evidence.append(f"{count_name}={nnodes}, {rank_name}={rank}, master {master}:{port or 'default'}")
         nproc_name = first_set(environ, ("NPROC_PER_NODE", "PET_NPROC_PER_NODE"))
         if nproc_name:

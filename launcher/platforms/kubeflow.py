@@ -40,6 +40,7 @@ from launcher.platforms.base import (
     node_count,
     node_rank_in,
     nproc_per_node,
+    port_number,
     torchrun_nproc,
     whole_number,
 )
@@ -61,7 +62,7 @@ def _nproc(environ: Mapping[str, str], host: HostView, evidence: list[str]) -> i
 
 def _port(environ: Mapping[str, str], names: tuple[str, ...]) -> Optional[int]:
     name = first_set(environ, names)
-    return whole_number(environ, name, minimum=1, maximum=65535) if name else None
+    return port_number(environ, name) if name else None
 
 
 class _Kubeflow(Platform):

@@ -26,7 +26,7 @@ from typing import Any, Optional
 from launcher.cluster import Cluster
 from launcher.errors import ConfigError, shown
 from launcher.filereader import MAX_CONFIG_BYTES, read_bounded
-from launcher.platforms.base import HostView, Platform, node_rank_in, nproc_per_node, whole_number
+from launcher.platforms.base import HostView, Platform, node_rank_in, nproc_per_node, port_number, whole_number
 
 DEFAULT_PORT = 29400
 EVIDENCE = ("CLUSTER_NODES_METADATA_FILE", "JOB_RUN_OCID", "MAIN_JOB_RUN_OCID", "OCI__MODE", "OCI__WORKER_COUNT",
@@ -92,7 +92,7 @@ class OCIDataScience(Platform):
             count_name = "OCI__WORKER_COUNT+1"
         else:
             nnodes, count_name = 1, "no node count"
-        port = whole_number(environ, "MASTER_PORT", minimum=1, maximum=65535) or DEFAULT_PORT
+        port = port_number(environ, "MASTER_PORT") or DEFAULT_PORT
         hosts: tuple[str, ...] = ()
         local: Optional[str] = None
         if nnodes == 1:

@@ -17,16 +17,21 @@ error file); the exit code is the worker's own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import io
+from collections.abc import Iterable, Mapping, Sequence
 
 from launcher.cluster import Cluster, is_host_name
 from launcher.errors import ConfigError, shown
-from launcher.filereader import MAX_CONFIG_BYTES, read_bounded
+from launcher.filereader import read_bounded
 from launcher.platforms.base import HostView, Platform, nproc_per_node
 from launcher.platforms.slurm import PORT_BASE, PORT_SPAN
 
+#: A node file holds a line per chunk or per MPI rank (``mpiprocs``; Torque: per core), so its size is
+#: hosts x cores x name: 10,624 nodes x 208 cores x 50 bytes (Aurora's FQDNs) is 110 MB. Beyond this is garbage.
+MAX_NODEFILE_BYTES = 256 << 20
 
-def unique_hosts(lines: Sequence[str]) -> tuple[str, ...]:
+
+def unique_hosts(lines: Iterable[str]) -> tuple[str, ...]:
     """The node file's hosts, each once, in the order of their first line (blank lines skipped)."""
     seen: dict[str, None] = {}
     for line in lines:
@@ -34,6 +39,11 @@ def unique_hosts(lines: Sequence[str]) -> tuple[str, ...]:
         if host:
             seen.setdefault(host, None)
     return tuple(seen)
+
+
+def _lines(data: bytes) -> Iterable[str]:
+    """The file's lines one at a time (a node file of millions of lines is never held as a list)."""
+    return (line.decode("utf-8", "replace") for line in io.BytesIO(data))
 
 
 def find_host(hosts: Sequence[str], current: str, source: str) -> int:
@@ -72,9 +82,9 @@ class Pbs(Platform):
         path = environ.get("PBS_NODEFILE", "").strip()
         if not path:
             raise ConfigError("PBS job without a node file: PBS_NODEFILE is not set")
-        data = read_bounded(path, MAX_CONFIG_BYTES, "PBS_NODEFILE")
-        lines = (data or b"").decode("utf-8", "replace").splitlines()
-        hosts = unique_hosts(lines)
+        data = read_bounded(path, MAX_NODEFILE_BYTES, "PBS_NODEFILE") or b""
+        hosts = unique_hosts(_lines(data))
+        line_count = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
         bad = next((h for h in hosts if not is_host_name(h)), None)
         if bad is not None:
             raise ConfigError(f"PBS_NODEFILE {shown(path)}: {shown(bad)} is not a host name")
@@ -82,7 +92,7 @@ class Pbs(Platform):
             raise ConfigError(f"PBS_NODEFILE {path} lists no host")
         source = f"PBS_NODEFILE {path}"
         rank = find_host(hosts, host.name, source)
-        evidence = [f"{source}: {len(lines)} line(s), {len(hosts)} host(s); this node {hosts[rank]!r} is node {rank}"]
+        evidence = [f"{source}: {line_count} line(s), {len(hosts)} host(s); this node {hosts[rank]!r} is node {rank}"]
         nproc = nproc_per_node(host, evidence)
         job_id = environ.get("PBS_JOBID", "").strip()
         port = port_for(job_id) if job_id else None

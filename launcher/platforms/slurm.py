@@ -32,6 +32,11 @@ from launcher.errors import ConfigError, digits_value, shown
 from launcher.platforms.base import HostView, Platform, nproc_per_node, whole_number
 
 PORT_BASE, PORT_SPAN = 20000, 10000
+#: SLURM job ids are unsigned 32-bit (slurm.h ``uint32_t job_id``): MaxJobId defaults to 67,043,328
+#: (read_config.h ``DEFAULT_MAX_JOB_ID`` 0x03ff0000), ids below 2^26 are a cluster's own and a federated id
+#: adds its cluster's number (1-63) << 26, up to 4,294,901,759; the bound, 2^32 - 2, lies just beyond it.
+MAX_JOB_ID = 2**32 - 2
+JOB_ID_RULE = "SLURM job ids are unsigned 32-bit"
 NODELIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 GPU_ID_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")  # the global ids of this step's / job's GPUs on the node
 _TASK_COUNT = re.compile(r"^(\d+)(?:\(x\d+\))?$")  # SLURM's "2(x3)": 2 tasks on each of 3 nodes
@@ -112,7 +117,7 @@ class Slurm(Platform):
                      if environ.get(name))
 
     def resolve(self, environ: Mapping[str, str], host: HostView) -> Cluster:
-        job_id = whole_number(environ, "SLURM_JOB_ID")
+        job_id = whole_number(environ, "SLURM_JOB_ID", minimum=1, maximum=MAX_JOB_ID, rule=JOB_ID_RULE)
         source, hosts = read_hosts(environ)
         if environ.get("SLURM_STEP_ID", "").strip():
             _check_one_task_per_node(environ)  # in the batch script, the task layout is the job's, not ours
