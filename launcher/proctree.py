@@ -365,9 +365,11 @@ class Watchdog:
     """A forked helper that kills the job's processes when the launcher dies without saying so.
 
     The launcher keeps the write end of a pipe; the helper blocks reading it. The launcher sends
-    the PIDs to guard, the job's marker and the directories to remove, then ``done`` when it has
-    cleaned up itself. End of file without ``done`` means the launcher was killed: the helper then
-    SIGKILLs the guarded trees and every process with the marker, removes the directories and exits.
+    the processes to guard (each a PID and its start time), the job's marker and the directories to
+    remove, then ``done`` when it has cleaned up itself. End of file without ``done`` means the launcher
+    was killed: the helper then SIGKILLs the guarded trees whose PID still has its start time (a guarded
+    process that ended long before left its PID to whatever started since: another host's launcher on
+    a busy machine) and every process with the marker, removes the directories and exits.
     The helper is in a session of its own (a kill of the launcher's process group misses it), needs
     no standard stream (they point at ``/dev/null``) and ignores the stop signals and SIGPIPE.
     Fork it before creating pipes for children: it closes every descriptor but its own.
