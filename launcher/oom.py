@@ -42,7 +42,7 @@ class Counter(NamedTuple):
     scope: str  # "cgroup v1", "cgroup v2", or "the whole machine" (any process's OOM kill counts)
     value: int
     cgroup: str = ""  # the cgroup as /proc/PID/cgroup names it (the kernel log's task_memcg uses the same names)
-    kmsg_seq: Optional[int] = None  # the kernel log's last record then; None when /dev/kmsg cannot be read
+    log: Optional[KernelLog] = None  # the kernel's log from then on; None when /dev/kmsg cannot be read
 
 
 def parse_counter(data: bytes) -> Optional[int]:
@@ -155,7 +155,7 @@ def snapshot(pid: str = "self") -> Optional[Counter]:
         value = parse_counter(data) if data is not None else None
         if value is not None:
             cgroup = {"cgroup v1": v1, "cgroup v2": v2}.get(scope) or ""
-            return Counter(path, scope, value, cgroup, last_kmsg_seq())
+            return Counter(path, scope, value, cgroup, KernelLog.mark())
     return None
 
 
@@ -220,18 +220,44 @@ def parse_kmsg(data: bytes) -> list[Kill]:
     return sorted(kills.values())
 
 
-def read_kmsg(path: str = KMSG) -> Optional[bytes]:
-    """The kernel log's records still in its ring, as one text; None when it cannot be read (no root and
-    ``kernel.dmesg_restrict`` 1, a container without it). Never blocks, never raises."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, ValueError):
-        return None
-    records: list[bytes] = []
-    try:
+class KernelLog:
+    """The kernel's log from a mark on: ``/dev/kmsg`` opened and moved to its end when a generation starts
+    (no record is read then: the ring may hold thousands), read only after a failure, for the OOM kills
+    logged since. One is open at a time (:meth:`mark` closes the one before)."""
+
+    current: Optional[KernelLog] = None
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.kills: list[Kill] = []
+
+    @classmethod
+    def mark(cls, path: str = KMSG) -> Optional[KernelLog]:
+        """A new mark at the log's end now; None when it cannot be read (no root and
+        ``kernel.dmesg_restrict`` 1, a container without it). Never raises."""
+        if cls.current is not None:
+            cls.current.close()
+            cls.current = None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except (OSError, ValueError):
+            return None
+        try:
+            os.lseek(fd, 0, os.SEEK_END)
+        except OSError:
+            os.close(fd)
+            return None
+        cls.current = cls(fd)
+        return cls.current
+
+    def since(self) -> list[Kill]:
+        """Every OOM kill logged after the mark (read now, kept for the next call). Never blocks or raises."""
+        if self.fd < 0:
+            return self.kills
+        records: list[bytes] = []
         for _ in range(KMSG_RECORDS):
             try:
-                record = os.read(fd, 8192)  # one record a read; a regular file (the tests') gives all at once
+                record = os.read(self.fd, 8192)  # one record a read; a regular file (the tests') gives all
             except BrokenPipeError:  # the ring overwrote the record being read: go on with the next
                 continue
             except OSError:  # EAGAIN: no more records
@@ -239,22 +265,23 @@ def read_kmsg(path: str = KMSG) -> Optional[bytes]:
             if not record:
                 break
             records.append(record)
-    finally:
-        os.close(fd)
-    return b"".join(records)
+        self.kills += parse_kmsg(b"".join(records))
+        return self.kills
+
+    def close(self) -> None:
+        """Close the log (its kills stay)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
-def last_kmsg_seq(path: str = KMSG) -> Optional[int]:
-    """The sequence number of the kernel log's last record now; None when the log cannot be read."""
-    data = read_kmsg(path)
-    if data is None:
-        return None
-    last = 0
-    for line in data.split(b"\n"):
-        fields = line.partition(b";")[0].split(b",")
-        if len(fields) >= 4 and fields[1].isdigit() and len(fields[1]) <= MAX_DIGITS:
-            last = max(last, int(fields[1]))
-    return last
+def readable(path: str = KMSG) -> bool:
+    """Whether the kernel's log can be read here."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def size_text(value: int) -> str:
@@ -307,7 +334,7 @@ def _ours(kill: Kill, counter: Counter, named: list[int]) -> bool:
     return kill.memcg == cgroup or kill.memcg.startswith(cgroup + "/")
 
 
-def explain(before: Optional[Counter], text: str, killed: bool, kmsg: str = KMSG) -> Optional[tuple[str, str]]:
+def explain(before: Optional[Counter], text: str, killed: bool) -> Optional[tuple[str, str]]:
     """(the evidence, what the OOM killer killed) when the kernel's OOM-kill count rose since ``before``
     and the failure is its doing; else None. Never raises.
 
@@ -321,9 +348,8 @@ def explain(before: Optional[Counter], text: str, killed: bool, kmsg: str = KMSG
     if not found or before is None:
         return None
     loaders, others = pids_in(text)
-    data = read_kmsg(kmsg) if before.kmsg_seq is not None else None
-    kills = [kill for kill in parse_kmsg(data or b"") if kill.seq > (before.kmsg_seq or 0)
-             and _ours(kill, before, loaders + others)]
+    logged = before.log.since() if before.log is not None else []
+    kills = [kill for kill in logged if _ours(kill, before, loaders + others)]
     limit = memory_limit(before)
     tail = f"; cgroup limit {limit}" if limit else ""
     alone = f" (cgroup limit {limit})" if limit else ""

@@ -104,6 +104,7 @@ def test_this_machines_counter_is_read():
     counter = oom.snapshot()
     assert counter is not None, "no OOM-kill counter here: /proc/vmstat has had oom_kill since Linux 4.13"
     assert counter.value >= 0 and os.path.basename(counter.path) in ("memory.oom_control", "memory.events", "vmstat")
+    assert (counter.log is not None) == oom.readable()  # marked at the kernel log's end, where it can be read
 
 
 def test_the_evidence_is_a_rise_of_the_same_file(tmp_path):
@@ -281,7 +282,7 @@ def test_a_dataloader_worker_the_oom_killer_kills_is_named_with_its_rank_and_the
     assert head.startswith("algo-1: rank 1 (local rank 1) ran out of memory: the kernel's OOM killer killed its "
                            f"DataLoader worker (pid {loader['pid']}"), head
     assert head.endswith(f"; cgroup limit 1.5 GiB of {cgroup.path}) (exit code 137)"), head
-    if oom.read_kmsg() is not None:  # the kernel's log names it too: PyTorch names its loader processes so
+    if oom.readable():  # the kernel's log names it too: PyTorch names its loader processes so
         assert f"(pid {loader['pid']}, pt_data_worker;" in head, head
     assert (data["class"], data["exit_code"], data["signal"], data["rank"]) == ("out_of_memory", 137, "SIGKILL", 1)
     assert data["root_cause"] == head and data["exception"].startswith("out of memory: the kernel's OOM killer")
@@ -337,6 +338,7 @@ def test_the_limit_is_the_smallest_of_the_cgroup_and_those_above(tmp_path):
     assert [oom.size_text(v) for v in (512, 4096, 3 << 29)] == ["512 B", "4 KiB", "1.5 GiB"]
 
 
+EARLIER = kmsg_kill(2, 555, "tokenizer", "/job/rank1")  # logged before the generation started
 LOADER_ERROR = ("Traceback (most recent call last):\nRuntimeError: DataLoader worker (pid(s) 4242) exited "
                 "unexpectedly")
 
@@ -359,32 +361,37 @@ LOADER_ERROR = ("Traceback (most recent call last):\nRuntimeError: DataLoader wo
      "Signal 9 (SIGKILL) received by PID 32", True,
      "was killed by SIGKILL from the kernel's OOM killer (pid 32, python3; cgroup limit 512 MiB of {job})"),
     (None, "", True, "was killed by SIGKILL from the kernel's OOM killer (cgroup limit 512 MiB of {job})"),
-    # a kill logged before the job started, or in a cgroup beside this one: not ours
-    (kmsg_kill(2, 555, "tokenizer", "/job/rank1"), "ValueError: x", False, None),
+    # a kill logged before the job started (EARLIER), or in a cgroup beside this one: not ours
+    ("", "ValueError: x", False, None),
     (kmsg_kill(10, 555, "other", "/job/rank10"), "ValueError: x", False, None),
     (None, "ValueError: x", False, None),
 ])
 def test_the_victim_is_named_from_what_is_known(tmp_path, log, text, killed, what):
     events = v2_tree(tmp_path, kills=1)
     kmsg = tmp_path / "kmsg"
-    if log is not None:
-        kmsg.write_text(log)
-    before = oom.Counter(str(events), "cgroup v2", 0, "/job/rank1", 5 if log is not None else None)
-    found = oom.explain(before, text, killed, str(kmsg))
+    kmsg.write_text(EARLIER)
+    mark = oom.KernelLog.mark(str(kmsg)) if log is not None else None  # None: no log to read
+    with open(kmsg, "a") as fh:
+        fh.write(log or "")
+    before = oom.Counter(str(events), "cgroup v2", 0, "/job/rank1", mark)
+    found = oom.explain(before, text, killed)
     expected = None if what is None else (f"oom_kill 0 -> 1 in {events} (cgroup v2)",
                                           what.format(job=tmp_path / "job"))
     assert found == expected
-    assert oom.explain(before._replace(value=1), text, killed, str(kmsg)) is None  # no rise: never blamed
+    assert oom.explain(before._replace(value=1), text, killed) is None  # no rise: never blamed
+    assert oom.explain(before, text, killed) == expected  # the kills read stay for the next look
 
 
 def test_with_the_machines_count_only_a_named_process_is_blamed(tmp_path):
     vmstat = tmp_path / "vmstat"
     vmstat.write_text("pgfault 1\noom_kill 9\n")
     kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    mark = oom.KernelLog.mark(str(kmsg))
     kmsg.write_text(kmsg_kill(10, 555, "elsewhere", "/other"))
-    before = oom.Counter(str(vmstat), oom.MACHINE, 8, "/", 5)
-    assert oom.explain(before, "died with <Signals.SIGKILL: 9>.", False, str(kmsg)) is None
-    assert oom.explain(before, LOADER_ERROR, False, str(kmsg)) == (
+    before = oom.Counter(str(vmstat), oom.MACHINE, 8, "/", mark)
+    assert oom.explain(before, "died with <Signals.SIGKILL: 9>.", False) is None
+    assert oom.explain(before, LOADER_ERROR, False) == (
         f"oom_kill 8 -> 9 in {vmstat} (the whole machine)", "the kernel's OOM killer killed its DataLoader worker "
         "(pid 4242)")
 
