@@ -175,6 +175,7 @@ def evidence(before: Optional[Counter]) -> str:
 # -- which process, and the limit ------------------------------------------------------------------------
 KMSG = "/dev/kmsg"
 KMSG_RECORDS = 200_000  # records read from the kernel log at most (a 16 MiB ring holds about that many)
+PAIRED = 100  # records at most from a kill's "oom-kill:" line to its "Killed process" line (the kernel: the next)
 UNLIMITED = 1 << 62  # a v1 limit at or above this is the kernel's "no limit" (9223372036854771712)
 LIMIT_FILES = {"memory.oom_control": "memory.limit_in_bytes", "memory.events": "memory.max"}
 _KILLED = re.compile(rb"Killed process (\d+) \((.*)\) total-vm")
@@ -215,7 +216,7 @@ def parse_kmsg(data: bytes) -> list[Kill]:
         if found and len(found.group(1)) <= 10:
             pid = int(found.group(1))
             old = kills.get(pid)
-            memcg = old.memcg if old is not None and seq - old.seq < 100 else None
+            memcg = old.memcg if old is not None and seq - old.seq <= PAIRED else None
             kills[pid] = Kill(seq, pid, found.group(2).decode("utf-8", "replace"), memcg)
     return sorted(kills.values())
 
@@ -311,7 +312,7 @@ def memory_limit(counter: Counter) -> str:
         if parent == directory:
             break
         directory = parent
-    if best is None:
+    if best is None:  # "none" when the cgroup had the file, all "max"; "" when it had none (not a memory cgroup)
         return "none" if directory != os.path.dirname(counter.path) else ""
     return f"{size_text(best[0])} of {best[1]}"
 
