@@ -16,6 +16,12 @@ rose means the OOM killer killed a process in that cgroup meanwhile: out of memo
 SIGKILL from elsewhere that coincides with an OOM kill of another process of the same cgroup is
 taken for out of memory; with ``/proc/vmstat`` (no cgroup counter) an OOM kill anywhere on the machine
 is; a worker that moved itself to another memory cgroup (v1) is not seen (its SIGKILL stays a signal).
+
+The count says that the OOM killer killed a process, not which one: :func:`explain` names the victim
+from the kernel's log where it can be read (:class:`KernelLog`: its ``oom-kill:`` lines in this
+cgroup), from PyTorch's own "DataLoader worker (pid N)" message, or from the rank's own SIGKILL, with
+the cgroup's memory limit (:func:`memory_limit`). A rank that fails because its DataLoader worker was
+killed so is out of memory too.
 """
 
 from __future__ import annotations
