@@ -73,6 +73,7 @@ class RootCause(NamedTuple):
     asked: Optional[int] = None  # the code the script asked for, when teardown then ended it otherwise
     teardown: str = ""  # what ended it in teardown: "aborted: terminate called without an active exception"
     oom: str = ""  # the OOM killer's evidence when it sent the SIGKILL (launcher.oom.evidence)
+    oom_what: str = ""  # what it killed, after "ran out of memory: " (launcher.oom.explain)
 
 
 def signal_name(number: int) -> str:
@@ -380,7 +381,8 @@ def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause
                 f"cleanly (exit code {code})")
     elif cause is not None and cause.oom:
         who = "torchrun" if cause.rank is None else f"rank {cause.rank} (local rank {cause.local_rank})"
-        head = f"{host}: {who} ran out of memory: was killed by SIGKILL from the kernel's OOM killer (exit code {code})"
+        what = cause.oom_what or "was killed by SIGKILL from the kernel's OOM killer"
+        head = f"{host}: {who} ran out of memory: {what} (exit code {code})"
     elif cause is None or cause.rank is None:
         head = f"{host}: torchrun failed before or around the workers (exit code {code})"
         if rendezvous:

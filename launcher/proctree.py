@@ -365,9 +365,11 @@ class Watchdog:
     """A forked helper that kills the job's processes when the launcher dies without saying so.
 
     The launcher keeps the write end of a pipe; the helper blocks reading it. The launcher sends
-    the PIDs to guard, the job's marker and the directories to remove, then ``done`` when it has
-    cleaned up itself. End of file without ``done`` means the launcher was killed: the helper then
-    SIGKILLs the guarded trees and every process with the marker, removes the directories and exits.
+    the processes to guard (each a PID and its start time), the job's marker and the directories to
+    remove, then ``done`` when it has cleaned up itself. End of file without ``done`` means the launcher
+    was killed: the helper then SIGKILLs the guarded trees whose PID still has its start time (a guarded
+    process that ended long before left its PID to whatever started since: another host's launcher on
+    a busy machine) and every process with the marker, removes the directories and exits.
     The helper is in a session of its own (a kill of the launcher's process group misses it), needs
     no standard stream (they point at ``/dev/null``) and ignores the stop signals and SIGPIPE.
     Fork it before creating pipes for children: it closes every descriptor but its own.
@@ -401,7 +403,7 @@ class Watchdog:
         os.closerange(3, read_fd)
         os.closerange(read_fd + 1, 65536)
         _prctl(PR_SET_NAME, WATCHDOG_NAME)
-        guarded: list[int] = []
+        guarded: dict[int, int] = {}  # PID -> start time, as tracked ones: the guarded process may have ended
         tracked: dict[int, int] = {}  # PID -> start time: a PID reused by another process is not it
         markers: list[str] = []
         dirs: list[str] = []
@@ -417,7 +419,8 @@ class Watchdog:
                 if kind == b"done":
                     return
                 if kind == b"pid":
-                    guarded.append(int(value))
+                    pid, started = (int(word) for word in value.split())
+                    guarded[pid] = started
                 elif kind == b"track":
                     pid, started = (int(word) for word in value.split())
                     tracked[pid] = started
@@ -428,7 +431,9 @@ class Watchdog:
                     markers.append(bytes.fromhex(value.decode()).decode())
                 elif kind == b"dir":
                     dirs.append(os.fsdecode(bytes.fromhex(value.decode())))
-        kill_tree(guarded + [pid for pid, started in tracked.items() if start_time(pid) == started])
+        # Only the processes it was told of: a PID whose process ended long ago (a restart's earlier torchrun,
+        # a simulated host that exited) may since name another process (another host's launcher).
+        kill_tree([pid for pid, started in {**guarded, **tracked}.items() if start_time(pid) == started])
         for marker in markers:
             kill_tree([], marker=marker)
         import shutil
@@ -452,8 +457,11 @@ class Watchdog:
                        "be killed now, the parent-death signals end torchrun and its workers")
 
     def guard(self, pid: int) -> None:
-        """Kill this PID's tree if the launcher dies."""
-        self._send("pid", b"%d" % pid)
+        """Kill this process's tree if the launcher dies, and it still runs: known by PID and start time
+        (:func:`start_time`), never another process that was given its PID after it ended."""
+        started = start_time(pid)
+        if started is not None:  # gone already: nothing to guard
+            self._send("pid", b"%d %d" % (pid, started))
 
     def track(self, pids: dict[int, bool], living: set[int]) -> None:
         """Kill these processes and their trees if the launcher dies, even once they left its tree;

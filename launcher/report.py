@@ -73,18 +73,21 @@ def classify(outcome: Outcome, cause: Any, code: int) -> str:
 
 
 def out_of_memory(outcome: Outcome, cause: Any, before: Optional[oom.Counter]) -> Any:
-    """``cause`` (:class:`launcher.failure.RootCause`) with the OOM killer's evidence when its worker (or
-    torchrun) died of SIGKILL and the kernel's OOM-kill count (``before``: read before torchrun started)
-    rose since; else ``cause`` as it was. See :mod:`launcher.oom`."""
+    """``cause`` (:class:`launcher.failure.RootCause`) with the OOM killer's evidence and victim when the
+    kernel's OOM-kill count (``before``: read before torchrun started) rose since and its worker (or
+    torchrun) died of SIGKILL, or the worker failed because a process of its own (a DataLoader worker)
+    was the OOM killer's victim; else ``cause`` as it was. See :func:`launcher.oom.explain`."""
     if cause is None or outcome.stop_signal is not None or cause.asked is not None:
         return cause
-    died = outcome.returncode if cause.rank is None else cause.exitcode
-    if died != -signal.SIGKILL:
+    killed = (outcome.returncode if cause.rank is None else cause.exitcode) == -signal.SIGKILL
+    if cause.rank is None and not killed:
         return cause
-    found = oom.evidence(before)
-    if not found:
+    found = oom.explain(before, f"{cause.exception}\n{cause.detail}", killed)
+    if found is None:
         return cause
-    return cause._replace(oom=found, exception=f"out of memory: the kernel's OOM killer sent SIGKILL ({found})")
+    evidence, what = found
+    return cause._replace(oom=evidence, oom_what=what,
+                          exception=f"out of memory: the kernel's OOM killer sent SIGKILL ({evidence})")
 
 
 def code_of(klass: str, code: int) -> int:
