@@ -95,7 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if path is not None:
         accelerator.load_state(path)
         accelerator.print(f"accelerate: resumed from {path}")
-    facts = {"world_size": accelerator.num_processes, "rank": rank, "generation": GENERATION,
+    facts = {"world_size": accelerator.num_processes, "rank": rank, "pid": os.getpid(), "generation": GENERATION,
              "distributed_type": str(accelerator.distributed_type), "start_step": step, "end_step": None}
     write(args.out, rank, facts)
 

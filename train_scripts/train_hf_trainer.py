@@ -84,8 +84,8 @@ class Seen(TrainerCallback):
         os.replace(path + ".tmp", path)
 
     def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
-        self.facts = {"world_size": args.world_size, "rank": args.process_index, "generation": GENERATION,
-                      "start_step": state.global_step, "end_step": None}
+        self.facts = {"world_size": args.world_size, "rank": args.process_index, "pid": os.getpid(),
+                      "generation": GENERATION, "start_step": state.global_step, "end_step": None}
         self._write(args)
 
     def on_train_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:

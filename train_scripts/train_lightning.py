@@ -82,7 +82,7 @@ class Seen(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.facts = {"world_size": trainer.world_size, "num_nodes": trainer.num_nodes, "rank": trainer.global_rank,
-                      "generation": GENERATION, "start_step": trainer.global_step, "end_step": None}
+                      "pid": os.getpid(), "generation": GENERATION, "start_step": trainer.global_step, "end_step": None}
         self._write(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
