@@ -14,7 +14,9 @@ Each rank's position is the innermost frame of its main thread that is the user'
 standard library, not an installed package, not torch, not the launcher), with the library function it
 was in (``all_reduce``). A rank *waits for the others* when a frame below that one is a ``torch.distributed``
 function of :data:`DISTRIBUTED_WAITS`: a collective, or joining a group (``init_process_group``, ``new_group``:
-the store's rendezvous, the backend's connections, the store-based barrier), or DDP's start-up checks.
+the store's rendezvous, the backend's connections, the store-based barrier), or DDP's start-up checks; or the
+autograd engine's backward pass (:data:`BACKWARD_WAITS`: DDP's gradient all-reduce is waited for there) or DDP's
+broadcast of the buffers in its forward pass (:data:`DDP_WAITS`).
 Ranks are grouped by position; the odd one out is the group that is not waiting for the others while others
 are, else the smaller groups; when every rank is at one place, that place is named. A rank that gave no stack
 while every rank that gave one waits for the others is named as the likely culprit.
@@ -54,6 +56,16 @@ GROUP_WAITS = frozenset({
     "_tcp_rendezvous_handler", "_file_rendezvous_handler", "_verify_param_shape_across_processes",
     "_sync_module_states", "_sync_params_and_buffers"})
 DISTRIBUTED_WAITS = COLLECTIVES | GROUP_WAITS
+# DDP's (and FSDP's) gradient reduction runs inside the autograd engine: the reducer's hooks start the all-reduce
+# and the end of the backward pass waits for it, in C++, with no torch.distributed frame on the stack. A rank of a
+# data-parallel job whose backward pass has not returned for the hang timeout waits for the others' gradients
+# (Lightning, transformers' Trainer and accelerate all call it: ``loss.backward()``).
+BACKWARD_PART = "/torch/autograd/"
+BACKWARD_WAITS = frozenset({"backward", "_engine_run_backward"})  # torch/autograd/__init__.py, graph.py
+# DDP's forward pass broadcasts the module's buffers from rank 0 (``broadcast_buffers=True``, the default: a BERT's
+# position ids) through the C++ ``_broadcast_coalesced``, called from this method of torch's DDP module.
+DDP_PART = "/torch/nn/parallel/distributed.py"
+DDP_WAITS = frozenset({"_distributed_broadcast_coalesced"})
 THREADING_BOOTSTRAP = "_bootstrap"
 
 
@@ -157,8 +169,12 @@ def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
 
 
 def is_distributed_wait(frame: Frame) -> bool:
-    """A frame of ``torch.distributed`` in which a rank waits for the others (:data:`DISTRIBUTED_WAITS`)."""
-    return COLLECTIVE_PART in frame.file and frame.func in DISTRIBUTED_WAITS
+    """A frame in which a rank waits for the others: of ``torch.distributed`` (:data:`DISTRIBUTED_WAITS`), the
+    autograd engine's backward pass, where DDP's gradient all-reduce is waited for (:data:`BACKWARD_WAITS`), or
+    DDP's broadcast of the buffers in its forward pass (:data:`DDP_WAITS`)."""
+    return (COLLECTIVE_PART in frame.file and frame.func in DISTRIBUTED_WAITS) or \
+        (BACKWARD_PART in frame.file and frame.func in BACKWARD_WAITS) or \
+        (DDP_PART in frame.file and frame.func in DDP_WAITS)
 
 
 def position(threads: Sequence[Thread], own: Sequence[str] = ()) -> Optional[Position]:
