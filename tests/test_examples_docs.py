@@ -472,3 +472,35 @@ def test_the_python_of_the_tests_is_not_the_stock_one(stock):  # noqa: F811
     proc = subprocess.run([stock["torch_only"], "-c", "import launcher"], capture_output=True, text=True, timeout=60,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, cwd="/")
     assert proc.returncode != 0 and stock["torch_only"] != PYTHON
+
+
+# Each file of examples/ and the tests that run it as written (a real run where its point is the run and it
+# can run here; a dry run of every node's command in the stock image otherwise).
+K8S_PODS = "test_examples_containers.py::test_each_kubernetes_manifest_resolves_in_its_pods"
+EXAMPLE_TESTS = {
+    "docker-compose.yaml": ["test_examples_containers.py::test_docker_compose_trains_with_its_read_only_scripts",
+                            "test_shipping.py::test_each_container_example_runs_as_written_in_the_stock_image"],
+    "jobset-retry.yaml": ["test_examples_containers.py::test_the_jobset_pod_reports_its_end_in_the_termination_message",
+                          "test_retry_examples.py::test_the_jobset_fails_at_once_on_any_other_code"],
+    "pytorchjob-per-pod.yaml": [K8S_PODS, "test_platform_examples.py::test_pytorchjob_one_process_per_pod"],
+    "pytorchjob-nproc-per-node.yaml": [K8S_PODS, "test_platform_examples.py::test_pytorchjob_nproc_per_node"],
+    "trainjob.yaml": [K8S_PODS, "test_platform_examples.py::test_trainjob"],
+    "oci-job-run.json": ["test_shipping.py::test_oci_runs_the_bundle_as_its_job_artifact"],
+    "vertex-worker-pools.json": ["test_shipping.py::test_vertex_runs_the_installed_source_distribution"],
+    "pbs_train.sh": ["test_shipping.py::test_each_shell_example_runs_as_written_with_the_pyz"],
+    "skypilot-retry.yaml": ["test_shipping.py::test_each_shell_example_runs_as_written_with_the_pyz",
+                            "test_retry_examples.py::test_skypilot_recovers_on_the_infrastructure_codes_only"],
+    "slurm_train.sbatch": ["test_shipping.py::test_each_shell_example_runs_as_written_with_the_pyz"],
+    "slurm_requeue.sbatch": ["test_shipping.py::test_each_shell_example_runs_as_written_with_the_pyz",
+                             "test_retry_examples.py::test_the_slurm_script_requeues_infrastructure_failures_only"],
+}
+
+
+def test_every_example_is_run_by_a_test():
+    assert sorted(os.listdir(os.path.join(REPO, "examples"))) == sorted(EXAMPLE_TESTS)
+    for tests in EXAMPLE_TESTS.values():
+        for node in tests:
+            module, function = node.split("::")
+            with open(os.path.join(REPO, "tests", module), encoding="utf-8") as fh:
+                source = fh.read()
+            assert f"\ndef {function}(" in source, node
