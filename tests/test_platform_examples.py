@@ -116,3 +116,20 @@ def test_docker_compose(tmp_path):
     c = resolve_all([svc["environment"] for svc in services.values()], tmp_path)
     assert (c.platform, c.nnodes, c.master_addr, c.master_port) == ("env", 2, "node0", 29500)
     assert all("ddp-launcher.pyz" in " ".join(svc["command"]) for svc in services.values())
+
+
+def test_every_platform_in_a_kubernetes_pod_writes_the_termination_message(tmp_path, monkeypatch):
+    """The JobSet example runs ``--platform env`` and promises the termination message: any platform in a
+    pod (KUBERNETES_SERVICE_HOST) writes it where the kubelet reads it, when the kubelet gave one."""
+    from launcher import platforms
+    from launcher.platforms import base
+
+    log = tmp_path / "termination-log"
+    monkeypatch.setattr(base, "TERMINATION_LOG", str(log))
+    pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+    chosen = platforms.choose({**pod, "MASTER_ADDR": "a", "MASTER_PORT": "1", "NNODES": "2", "NODE_RANK": "0"})
+    assert chosen.platform is platforms.PLATFORMS["env"]
+    assert chosen.platform.report_path(pod) is None  # no termination log (outside a pod, or not writable)
+    log.touch()
+    assert chosen.platform.report_path(pod) == str(log)
+    assert chosen.platform.report_path({}) is None  # not in a pod: a file of that name is not Kubernetes'

@@ -27,6 +27,8 @@ from launcher.platforms.devices import count_gpus
 #: ``state`` says what is missing.
 Attempt = Callable[[], tuple[Optional[Any], str]]
 
+#: Where the kubelet reads a container's termination message (``terminationMessagePath``'s default).
+TERMINATION_LOG = "/dev/termination-log"
 _ADDRESS = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
 #: No count or index a platform publishes (hosts, node ranks, pods, devices) is larger: a typo or garbage.
 #: Only for counts: an identifier (a job id) or a port has its own domain (:func:`whole_number`'s bounds).
@@ -98,7 +100,11 @@ class Platform:
         raise ConfigError(f"--instance-groups {shown(','.join(groups))}: {self.name} jobs have no instance groups")
 
     def report_path(self, environ: Mapping[str, str]) -> Optional[str]:
-        """Where the platform looks for a failure report (None: stderr only)."""
+        """Where the platform looks for a failure report (None: stderr only). In a Kubernetes pod
+        (``KUBERNETES_SERVICE_HOST`` set), whatever the platform (a JobSet or a Volcano job runs the env
+        platform): the container's termination message, ``/dev/termination-log``, when it is writable."""
+        if environ.get("KUBERNETES_SERVICE_HOST") and os.access(TERMINATION_LOG, os.W_OK):
+            return TERMINATION_LOG
         return None
 
     def outcome_path(self, environ: Mapping[str, str]) -> Optional[str]:
