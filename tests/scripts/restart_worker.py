@@ -12,8 +12,9 @@ launcher (``DDP_LAUNCHER_PROGRESS``) unless ``--no-beat``.
 
 ``--fail MODE`` in the generations ``--fail-in`` (comma list, or ``all``), rank ``--fail-rank``, at the
 generation's own step ``--fail-step`` (counted from where it resumed; 0: before its first step):
-``exit`` (exit 3), ``raise`` (RuntimeError, same line every time), ``kill`` (SIGKILL itself), ``hang``
-(stops taking part: the others wait in the collective). The failing rank first writes ``DIR/fault.json``
+``exit`` (exit 3), ``raise`` (RuntimeError, same line every time; ``--message`` its text), ``oserror`` (OSError,
+same line every time), ``kill`` (SIGKILL itself), ``hang`` (stops taking part: the others wait in the
+collective). The failing rank first writes ``DIR/fault.json``
 (when it failed).
 
 ``--window-in GENS``: in those generations every rank prints ``restart window step=99`` before its process
@@ -74,12 +75,14 @@ def old_alive(out, gen):
     return alive
 
 
-def fail(mode, out):
+def fail(mode, out, message="the same bug every time"):
     save(os.path.join(out, "fault.json"), {"at": time.time(), "mode": mode})
     if mode == "exit":
         sys.exit(3)
     if mode == "raise":
-        raise RuntimeError("the same bug every time")  # at:raise
+        raise RuntimeError(message)  # at:raise
+    if mode == "oserror":
+        raise OSError(5, "Input/output error", "/data/shard-7.bin")
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "hang":
@@ -92,7 +95,8 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--step-sleep", type=float, default=0.3)
-    parser.add_argument("--fail", default="none", choices=["none", "exit", "raise", "kill", "hang"])
+    parser.add_argument("--fail", default="none", choices=["none", "exit", "raise", "oserror", "kill", "hang"])
+    parser.add_argument("--message", default="the same bug every time")
     parser.add_argument("--fail-rank", type=int, default=1)
     parser.add_argument("--fail-step", type=int, default=3)
     parser.add_argument("--fail-in", default="0")
@@ -119,11 +123,11 @@ def main():
         with open(ckpt) as fh:
             state = json.load(fh)
     if failing and args.fail_step == 0:
-        fail(args.fail, args.out)
+        fail(args.fail, args.out, args.message)
     resumed = state["step"]
     for step in range(resumed + 1, args.steps + 1):
         if failing and step - resumed == args.fail_step:
-            fail(args.fail, args.out)
+            fail(args.fail, args.out, args.message)
         tensor = torch.tensor([float(rank + 1)])
         dist.all_reduce(tensor)
         state = {"step": step, "sum": state["sum"] + tensor.item()}
