@@ -352,6 +352,7 @@ class Watch:
         if request is None or cause is None:
             return
         self.stopped_job = True
+        self.stop_at = time.monotonic()
         request(REMOTE_GRACE, f"job watch: {cause.report.splitlines()[0]}: stopping the workers here "
                               f"(grace period at most {REMOTE_GRACE:g} s)")
 
