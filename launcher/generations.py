@@ -42,19 +42,20 @@ class History:
 
     def verdict(self, verdict: report.Verdict, text: str, limit: int,
                 log: Callable[[str], None]) -> tuple[report.Verdict, str]:
-        """The final verdict and report with the restarts: ``no_progress`` (93) when restarting did not
-        help; the count of restarts on the report's first line; the restarts in the outcome."""
+        """The final verdict and report with the restarts: node 0's root cause's class and code when it ended the
+        job (every host the same); ``no_progress`` (93) when restarting did not help; the count of restarts on
+        the report's first line; the restarts in the outcome."""
         count = len(self.records)
         last = self.last
+        if verdict.code != 0 and last is not None and last.cause is not None and last.why in ("class", "budget"):
+            cause = last.cause  # node 0's root cause: every failed host ends with its class and code
+            verdict = verdict._replace(klass=cause.klass, code=cause.code, root_cause_host=cause.host)
         if last is not None and last.why == "no_progress":
             head = f"{last.sentence(self.budget)} ({count} restart(s) of {self.budget})"
             text = f"{head}\n{text}"[:limit]
             verdict = verdict._replace(klass=codes.NO_PROGRESS, code=codes.NO_PROGRESS_CODE,
                                        root_cause=head, root_cause_host=last.cause.host if last.cause else None)
         elif text and count:
-            if last is not None and last.cause is not None and last.why in ("class", "budget"):
-                cause = last.cause  # node 0's root cause: every host ends with its class and code
-                verdict = verdict._replace(klass=cause.klass, code=cause.code, root_cause_host=cause.host)
             first, _, rest = text.partition("\n")
             first = f"{first} (after {count} job-wide restart(s) of {self.budget})"
             text = f"{first}\n{rest}"[:limit] if rest else first[:limit]
