@@ -195,10 +195,12 @@ def is_secondary(exception: str, rank: Optional[int]) -> bool:
 
 
 def restart_cause(watch: Any) -> Optional[int]:
-    """With restarts, the node whose failure node 0's last decision named as the root cause (the same on every
-    host, by time and stops, never by a message's words); None without such a decision."""
+    """With restarts, the node whose failure node 0's decision that ended the job named as the root cause (the
+    same on every host, by time and stops, never by a message's words); None without such a decision (the last
+    generation ended otherwise: a loss, no decision in time)."""
     decisions = getattr(watch, "decisions", None) or {}
-    cause = decisions[max(decisions)].get("cause") if decisions else None
+    last = decisions[max(decisions)] if decisions else {}
+    cause = None if last.get("restart") else last.get("cause")
     return int(cause["node"]) if isinstance(cause, dict) and "node" in cause else None
 
 
