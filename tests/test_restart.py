@@ -258,3 +258,15 @@ def test_torchrun_counts_as_done_once_its_failure_table_is_printed() -> None:
     assert failure_reported(tail)
     tail.feed(b"Root Cause (first observed failure):\n")  # a second table begins: wait for its end too
     assert not failure_reported(tail)
+
+
+def test_only_the_decision_that_ended_the_job_names_the_host_whose_failure_is_primary() -> None:
+    from types import SimpleNamespace
+
+    from launcher import report
+
+    ended = restart.Policy(0, DEFAULT_RESTART_ON).decide(0, [end(0, primary=False), end(1)]).message()
+    assert ended["why"] == "budget" and report.restart_cause(SimpleNamespace(decisions={0: ended})) == 1
+    restarted = restart.Policy(1, DEFAULT_RESTART_ON).decide(0, [end(1)]).message()
+    assert report.restart_cause(SimpleNamespace(decisions={0: restarted})) is None  # the last generation: no decision
+    assert report.restart_cause(None) is None
