@@ -42,10 +42,14 @@ class History:
 
     def verdict(self, verdict: report.Verdict, text: str, limit: int,
                 log: Callable[[str], None]) -> tuple[report.Verdict, str]:
-        """The final verdict and report with the restarts: ``no_progress`` (93) when restarting did not
-        help; the count of restarts on the report's first line; the restarts in the outcome."""
+        """The final verdict and report with the restarts: node 0's root cause's class and code when it ended the
+        job (every host the same); ``no_progress`` (93) when restarting did not help; the count of restarts on
+        the report's first line; the restarts in the outcome."""
         count = len(self.records)
         last = self.last
+        if verdict.code != 0 and last is not None and last.cause is not None and last.why in ("class", "budget"):
+            cause = last.cause  # node 0's root cause: every failed host ends with its class and code
+            verdict = verdict._replace(klass=cause.klass, code=cause.code, root_cause_host=cause.host)
         if last is not None and last.why == "no_progress":
             head = f"{last.sentence(self.budget)} ({count} restart(s) of {self.budget})"
             text = f"{head}\n{text}"[:limit]
@@ -61,32 +65,52 @@ class History:
         return verdict._replace(restarts=tuple(self.records)), text
 
 
-def _own_end(p: Any, launch: Any, outcome: Outcome, hangs: Any, watch: Any, moved: bool,
-             memory: Optional[oom.Counter]) -> restart.End:
-    """How this host's generation ended, as node 0 needs it."""
+def _own_end(p: Any, launch: Any, outcome: Outcome, hangs: Any, watch: Any, steps: restart.Steps,
+             memory: Optional[oom.Counter], failed: float) -> restart.End:
+    """How this host's generation ended, as node 0 needs it (``failed``: when its first worker failed,
+    monotonic). Its failure is a consequence of another host's only when the job watch stopped its workers
+    (or torchrun itself failed, with no worker to blame); what the exception says is no evidence."""
     c = p.cluster
     node, host = c.node_rank, c.current_host
+    moved, watched, count = steps.moved(), steps.watched(), steps.progress.steps
+    age = round(max(0.0, time.monotonic() - failed), 3)
     if hangs is not None and hangs.verdict:
         from launcher.hangwatch import report as hang_report
 
         return restart.End(node, host, codes.HANG_CODE, codes.HANG, "hang", report_head(hang_report(hangs, 600)),
-                           True, moved)
+                           True, moved, age=age, watched=watched, steps=count)
     cause = report.out_of_memory(outcome, failure.find_root_cause(outcome, launch), memory)
     found = failure.exit_code(outcome, cause)
     klass = report.classify(outcome, cause, found)
     code = report.code_of(klass, found)
     if code == 0:
-        return restart.End(node, host, 0, codes.SUCCESS, "", "", True, moved)
+        return restart.End(node, host, 0, codes.SUCCESS, "", "", True, moved, watched=watched, steps=count)
     by_watch = watch is not None and watch.stopped_job and outcome.stop_signal is not None
     signal_name = failure.signal_name(-cause.exitcode) if (
         cause is not None and cause.exitcode is not None and cause.exitcode < 0) else None
     key = restart.root_key(klass, cause.exception if cause else "", cause.detail if cause else "", signal_name,
                            code)
     text = failure.compose_report(c, outcome, cause, code, "", 600)
-    primary = not by_watch and (outcome.stop_signal is not None or (
-        cause is not None and not report.is_secondary(cause.exception, cause.rank)))
+    primary = not by_watch and (outcome.stop_signal is not None or (cause is not None and cause.rank is not None))
     return restart.End(node, host, code, klass, key, report_head(text), primary, moved,
-                       stopped=outcome.stop_signal is not None and not by_watch)
+                       stopped=outcome.stop_signal is not None and not by_watch, age=age, watched=watched,
+                       steps=count)
+
+
+def first_failure(exit_dir: str, ended: float) -> float:
+    """When this host's first worker failed (monotonic): the earliest exit record with a non-zero code (written
+    as its script ended); ``ended`` (the generation's end) when none has one (a worker killed by a signal)."""
+    now_wall, now = time.time(), time.monotonic()
+    times = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(exit_dir):
+            if not (name.endswith(".json") and name[:-5].isdigit()):
+                continue
+            record = failure.read_exit_record(exit_dir, int(name[:-5]))
+            if record is not None and record["code"] != 0:
+                with contextlib.suppress(OSError):
+                    times.append(now - (now_wall - os.stat(os.path.join(exit_dir, name)).st_mtime))
+    return min([ended, *times])
 
 
 def _fresh(launch: Any) -> None:
@@ -112,6 +136,8 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
     signals: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _frame: signals.append(signum)) for sig in STOP_SIGNALS}
     generation, pending, failed_at = 0, "", None
+    spans: Optional[dict[str, Optional[float]]] = None  # the phases of the restart into this generation
+    decided_at: Optional[float] = None  # when node 0's decision came (monotonic)
     try:
         while True:
             launch = for_generation(p.launch, generation_port(c, options, p.choice.platform.fixed_port, generation),
@@ -121,7 +147,9 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
 
                 hangs = hangwatch.for_cluster(c, p.hang, launch.run_dir, log, watch, previous=hangs,
                                               worker_env=launch.environment(environ), remake=[launch.exit_dir])
-            steps = _steps(launch.run_dir, hangs, log, pending, failed_at)
+            if spans is not None and decided_at is not None:
+                spans["new_torchrun"] = round(max(0.0, time.monotonic() - decided_at), 3)
+            steps = _steps(launch.run_dir, hangs, log, pending, failed_at, spans)
             history.memory = oom.snapshot()  # a SIGKILL of this generation is told apart by its own count
             try:
                 outcome = supervise(launch, environ, p.grace_period, log, watchdog, watch, rendezvous_timeout,
@@ -133,23 +161,32 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
                 history.records[-1]["seconds_to_first_step"] = steps.to_first_step
             if hangs is not None:
                 hangs.close()
-            end = _own_end(p, launch, outcome, hangs, watch, steps.moved(), history.memory)
+            failed = first_failure(launch.exit_dir, failed_at)
+            end = _own_end(p, launch, outcome, hangs, watch, steps, history.memory, failed)
             if signals and outcome.stop_signal is None:
                 return outcome._replace(stop_signal=signals[0]), hangs, history
+            root: Optional[float] = failed
             if watch is None:
                 decision: Optional[restart.Decision] = policy.decide(generation, [end])
+                decided_at = time.monotonic()
             else:
                 message = watch.end_generation(end.message(), options.loss_timeout + p.grace_period + DECISION_MARGIN)
                 decision = None if message is None else restart.decision_of(message)
+                decided_at = None if message is None else float(message.get("heard", time.monotonic()))
+                if message is not None and message.get("cause_age") is not None:
+                    root = decided_at - float(message["cause_age"])  # type: ignore[operator]
             history.last = decision
             if decision is None or not decision.restart:
                 return outcome, hangs, history
             if signals:  # a stop signal while node 0 decided: this host stops; the others hear it
                 return outcome._replace(stop_signal=signals[0]), hangs, history
-            history.records.append(restart.record(decision, None))
+            stopping = watch.stop_at if watch is not None and end.code != 0 and not end.primary else failed
+            spans = restart.phases(root, stopping, failed_at, decided_at)
+            history.records.append(restart.record(decision, None, spans))
             pending = restart.restart_line(decision, options.max_restarts)
             if watch is not None:
                 watch.stopped_job = False
+                watch.stop_at = None
             _fresh(launch)
             generation += 1
     finally:
@@ -158,13 +195,13 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
 
 
 def _steps(run_dir: str, hangs: Any, log: Callable[[str], None], pending: str,
-           failed_at: Optional[float]) -> restart.Steps:
+           failed_at: Optional[float], spans: Optional[dict[str, Optional[float]]]) -> restart.Steps:
     """This generation's progress: hang detection's beats, else a beat socket of its own."""
     if hangs is not None:
-        return restart.Steps(hangs.progress, None, log, pending, failed_at)
+        return restart.Steps(hangs.progress, None, log, pending, failed_at, spans)
     beats = None
     try:
         beats = BeatSocket(run_dir)
     except OSError as exc:
         log(f"progress beats off: {exc}; a repeated failure counts as one without progress")
-    return restart.Steps(Progress(), beats, log, pending, failed_at)
+    return restart.Steps(Progress(), beats, log, pending, failed_at, spans)

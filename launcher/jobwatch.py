@@ -29,12 +29,15 @@ Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` byt
   collective whose peer went away, a broken rendezvous);
 - ``done`` {node, host}: that host's workers all succeeded (it may leave);
 - ``lost`` {node, host, why}: the hub lost that host (also sent to the lost host, best effort);
-- ``gen_end`` {gen, node, host, code, klass, key, head, primary, progress, stopped}: with restarts
-  (:mod:`launcher.restart`), this host's torchrun of generation ``gen`` has ended, all its workers gone;
+- ``gen_end`` {gen, node, host, code, klass, key, head, primary, progress, stopped, age, watched, steps}: with
+  restarts (:mod:`launcher.restart`), this host's torchrun of generation ``gen`` has ended, all its workers
+  gone; ``age``: seconds since its first worker failed;
 - ``gen_stop`` {gen, report}: the hub's order to stop the workers of generation ``gen`` (the first host that
   failed in it; the ones after it send no second order);
-- ``gen`` {generation, restart, why, used, cause}: node 0's decision at the end of a generation, the same
-  for every host: restart (every host starts generation + 1) or end the job;
+- ``gen`` {generation, restart, why, used, cause, cause_age}: node 0's decision at the end of a generation,
+  the same for every host: restart (every host starts generation + 1) or end the job; ``cause_age``: how
+  many seconds before the decision the root cause's failure was (node 0 stamps each ``gen_end`` on its own
+  clock: arrival less the ``age`` the host sent);
 - ``end``: in a job where only some hosts train (:mod:`launcher.groups`), every training host is
   done: the others stop their script with SIGTERM and their configured grace period, which is no failure.
 - ``hang`` {phase, ...}: hang detection's own messages (:mod:`launcher.hangwatch`, attached as the
@@ -206,6 +209,7 @@ class Watch:
         self.generation = 0
         self.decisions: dict[int, dict] = {}
         self.stop_gen = -1
+        self.stop_at: Optional[float] = None  # when this host was ordered to stop its workers (monotonic)
         self.my_end: Optional[dict] = None
         self.policy: Optional[Callable[[int, list[dict], bool], dict]] = None  # node 0's rules (launcher/restart.py)
         self.thread = threading.Thread(target=self._loop, name="job-watch", daemon=True)
@@ -231,6 +235,7 @@ class Watch:
             self._stop()
         if request is not None and self.stop_gen == self.generation and not pending:
             self.stopped_job = True
+            self.stop_at = time.monotonic()
             request(REMOTE_GRACE, f"job watch: generation {self.generation} failed on another host: stopping the "
                                   "workers here")
         if request is not None and self.training_ended:
@@ -284,6 +289,7 @@ class Watch:
             request = self._request if gen == self.generation else None
         if request is not None:
             self.stopped_job = True
+            self.stop_at = time.monotonic()
             request(REMOTE_GRACE, f"job watch: {head.splitlines()[0] if head else 'another host failed'}: stopping "
                                   f"the workers of generation {gen} here (grace period at most {REMOTE_GRACE:g} s)")
 
@@ -293,7 +299,7 @@ class Watch:
         with self.cond:
             if gen in self.decisions or gen != self.generation:
                 return
-            self.decisions[gen] = message
+            self.decisions[gen] = {**message, "heard": time.monotonic()}
             if message.get("restart"):
                 self.generation, self.my_end = gen + 1, None
             self.cond.notify_all()
@@ -346,6 +352,7 @@ class Watch:
         if request is None or cause is None:
             return
         self.stopped_job = True
+        self.stop_at = time.monotonic()
         request(REMOTE_GRACE, f"job watch: {cause.report.splitlines()[0]}: stopping the workers here "
                               f"(grace period at most {REMOTE_GRACE:g} s)")
 
@@ -743,7 +750,9 @@ class Hub(Watch):
         ends = self.gen_ends.setdefault(gen, {})
         if node in ends:
             return
-        ends[node] = restart.end_of({**message, "node": node}).message()  # raises on a malformed one
+        # raises on a malformed one; ``at``: when its first failure was, on this (node 0's) clock
+        end = restart.end_of({**message, "node": node})
+        ends[node] = end._replace(at=time.monotonic() - end.age).message()
         if int(message["code"]) != 0 and gen >= self.generation and gen > self.stop_gen:  # the first failure only
             self._broadcast({"t": "gen_stop", "gen": gen, "report": _text(message.get("head", ""))}, skip=node)
             self._gen_stop(gen, _text(message.get("head", "")))
@@ -761,6 +770,9 @@ class Hub(Watch):
         if not lost and len(ends) < self.nnodes:
             return
         decision = {"t": "gen", **policy(gen, [ends[n] for n in sorted(ends)], lost)}
+        cause = decision.get("cause")
+        if cause is not None:  # how long ago the root cause's failure was: each host places it on its own clock
+            decision["cause_age"] = round(max(0.0, time.monotonic() - float(cause["at"])), 3)
         self._broadcast(decision)
         self._decided(decision)
 

@@ -56,6 +56,8 @@ class Progress:
         self.beating: set[int] = set()  # ranks that beat or are sampled: their lines no longer count
         self.beats = 0
         self.first_beat: Optional[float] = None  # when the first beat came (monotonic): a first step
+        self.steps = 0  # step-like beats: explicit ones and the sampler's ``~step`` (a restart's progress)
+        self.first_step: Optional[float] = None  # when the first of them came (monotonic)
         self.captured: Optional[bytearray] = None
 
     def feed(self, chunk: bytes, stderr: bool = False) -> None:
@@ -78,6 +80,9 @@ class Progress:
             self.beating.add(rank)
             if word != SAMPLED[0]:
                 self.stepped[rank] = now
+                self.steps += 1
+                if self.first_step is None:
+                    self.first_step = now
             if word not in SAMPLED:
                 self.beats += 1
                 if self.first_beat is None:

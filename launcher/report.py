@@ -197,6 +197,16 @@ def is_secondary(exception: str, rank: Optional[int]) -> bool:
     return rank is None or failure.peer_lost(exception)
 
 
+def restart_cause(watch: Any) -> Optional[int]:
+    """With restarts, the node whose failure node 0's decision that ended the job named as the root cause (the
+    same on every host, by time and stops, never by a message's words); None without such a decision (the last
+    generation ended otherwise: a loss, no decision in time)."""
+    decisions = getattr(watch, "decisions", None) or {}
+    last = decisions[max(decisions)] if decisions else {}
+    cause = None if last.get("restart") else last.get("cause")
+    return int(cause["node"]) if isinstance(cause, dict) and "node" in cause else None
+
+
 def job_result(cause: Any, code: int, text: str, primary: bool, off: str = "",
                limit: int = DEFAULT_LIMIT) -> tuple[int, str]:
     """The job's exit code and this host's report, given the job watch's root cause (an
@@ -295,8 +305,10 @@ def judge(cluster: Any, options: Any, platform: Any, launch: Any, outcome: Outco
                 f"{REMOTE_GRACE:g} s{killed})")
         primary = False
     else:
-        primary = outside or outcome.stop_signal is not None or (
-            cause is not None and not is_secondary(cause.exception, cause.rank))
+        decided = restart_cause(watch)
+        primary = (decided == cluster.node_rank) if decided is not None else (
+            outside or outcome.stop_signal is not None or (
+                cause is not None and not is_secondary(cause.exception, cause.rank)))
     event = watch.finish(code, text, primary)
     job_code, text = job_result(event, code, text, primary, watch.off, limit)
     if code != 0 and event is not None and not (primary and not event.primary):

@@ -18,20 +18,24 @@ from launcher import codes, restart
 from launcher.command import BOOTSTRAP, build_launch, for_generation, generation_port
 from launcher.generations import History
 from launcher.options import DEFAULT_RESTART_ON, RESTARTABLE, parse_invocation
+from launcher.progress import SAMPLED, BeatSocket, Progress
 from launcher.report import Verdict
 
 CLASSES = [codes.WORKER_EXIT, codes.WORKER_SIGNAL, codes.HANG, codes.RENDEZVOUS, codes.STOPPED, "out_of_memory"]
 
 
 def end(node: int = 0, code: int = 1, klass: str = codes.WORKER_EXIT, key: str = "exit 1", primary: bool = True,
-        progress: bool = False, stopped: bool = False) -> restart.End:
-    return restart.End(node, f"algo-{node + 1}", code, klass, key, f"algo-{node + 1}: failed\nValueError: x",
-                       primary, progress, stopped)
+        progress: bool = False, stopped: bool = False, at: float = 0.0, watched: bool = True,
+        exception: str = "ValueError: x") -> restart.End:
+    return restart.End(node, f"algo-{node + 1}", code, klass, key, f"algo-{node + 1}: failed\n{exception}",
+                       primary, progress, stopped, at=at, watched=watched)
 
 
 ENDS = st.builds(end, node=st.integers(0, 3), code=st.integers(0, 3), klass=st.sampled_from(CLASSES),
                  key=st.sampled_from(["exit 1", "SIGKILL", "hang"]), primary=st.booleans(), progress=st.booleans(),
-                 stopped=st.booleans())
+                 stopped=st.booleans(), at=st.floats(0, 100), watched=st.booleans(),
+                 exception=st.sampled_from(["ValueError: x", "RuntimeError: Connection reset by peer",
+                                            "torch.distributed.DistBackendError: NCCL error"]))
 
 
 @settings(max_examples=300, deadline=None)
@@ -47,10 +51,13 @@ def test_the_policy_never_restarts_what_it_must_not(budget: int, restart_on: set
         if decision.restart:
             assert not lost and failing and not any(e.stopped for e in ends)
             assert decision.cause is not None and decision.cause.klass in restart_on
-            assert decision.cause is next((e for e in failing if e.primary), failing[0])  # the verdict's pick
-            assert gen == 0 or decision.cause.key != previous or any(e.progress for e in ends)
-        elif decision.why == "no_progress":
-            assert gen > 0 and decision.cause.key == previous and not any(e.progress for e in ends)
+            assert gen == 0 or decision.cause.key != previous or not all(e.watched and not e.progress for e in ends)
+        elif decision.why == "no_progress":  # only with evidence: every host watched, none stepped
+            assert gen > 0 and decision.cause.key == previous and all(e.watched and not e.progress for e in ends)
+        if failing:  # the cause: the earliest failure by node 0's clock that is no consequence, else the earliest
+            assert decision.cause in failing
+            candidates = [e for e in failing if e.primary] or failing
+            assert decision.cause in candidates and decision.cause.at == min(e.at for e in candidates)
         if decision.cause is not None:
             previous = decision.cause.key
         if not decision.restart:
@@ -67,6 +74,68 @@ def test_the_policy_never_restarts_what_it_must_not(budget: int, restart_on: set
 ])
 def test_each_kind_of_end_gets_its_decision(ends: list, lost: bool, why: str) -> None:
     assert restart.Policy(2, DEFAULT_RESTART_ON).decide(0, ends, lost).why == why
+
+
+def test_the_earliest_failure_is_the_cause_whatever_its_words() -> None:
+    # rank 1's network-worded failure came first by node 0's clock: it is the cause, and it is restarted
+    reset = end(1, at=10.0, key="RuntimeError@train.py:9", exception="RuntimeError: Connection reset by peer")
+    later = end(0, at=10.4, key="ValueError@train.py:3")
+    for ends in ([reset, later], [later, reset]):
+        decision = restart.Policy(5, DEFAULT_RESTART_ON).decide(0, ends)
+        assert decision.cause == reset and decision.why == "restart"
+
+
+def test_a_consequence_needs_evidence_and_when_all_look_secondary_the_earliest_is_the_cause() -> None:
+    stopped = end(0, at=1.0, primary=False, klass=codes.STOPPED)  # its workers were stopped by the job watch
+    own = end(1, at=2.0)
+    assert restart.Policy(1, DEFAULT_RESTART_ON).decide(0, [stopped, own]).cause == own
+    first, second = end(0, at=3.0, primary=False), end(1, at=2.5, primary=False)
+    assert restart.Policy(1, DEFAULT_RESTART_ON).decide(0, [first, second]).cause == second
+    assert restart.root_cause([end(code=0), end(1, code=0)]) is None
+
+
+def test_ninety_three_needs_evidence_of_no_progress() -> None:
+    policy = restart.Policy(4, DEFAULT_RESTART_ON)
+    assert policy.decide(0, [end(key="A")]).why == "restart"
+    # a sampled step on one host is progress; a host nobody could watch (no sampler, no beat) is no evidence
+    assert policy.decide(1, [end(key="A"), end(1, code=0, progress=True)]).why == "restart"
+    assert policy.decide(2, [end(key="A", watched=False), end(1, code=0)]).why == "restart"
+    decision = policy.decide(3, [end(key="A"), end(1, code=0)])
+    assert decision.why == "no_progress" and "no step from any rank: no beat, no sampled step" in decision.sentence(4)
+
+
+def test_sampled_steps_are_progress_and_moves_alone_are_not(tmp_path: Any) -> None:
+    lines: list[str] = []
+    progress = Progress()
+    spans = restart.phases(0.0, 0.5, 1.5, 1.6)
+    steps = restart.Steps(progress, None, lines.append, "restart 1 of 2 (job-wide): x", 0.0, spans)
+    try:
+        assert not steps.watched() and not steps.moved()
+        progress.beat(3, SAMPLED[0])  # the sampler saw the main thread move: watched, no step
+        assert steps.watched() and not steps.moved()
+        progress.beat(3, SAMPLED[1])  # it went round a loop of the script's own code: a step
+        assert steps.moved() and progress.steps == 1
+    finally:
+        steps.close()
+    [line] = lines
+    assert line.startswith("restart 1 of 2 (job-wide): x; first step ")
+    assert "phases: detection 0.50 s, stop 1.00 s, barrier 0.10 s, new torchrun ? s, first step " in line
+    assert spans["first_step"] is not None and spans["first_step"] >= 0
+
+
+def test_the_sampler_of_a_real_script_that_never_beats_gives_steps(tmp_path: Any) -> None:
+    # a loop with two lines that take time (its work, then a pause), as a training loop has: no explicit beat
+    script = tmp_path / "loop.py"
+    script.write_text("import time\nfor _ in range(12):\n    time.sleep(0.2)\n    time.sleep(0.2)\n")
+    beats = BeatSocket(str(tmp_path))
+    progress = Progress()
+    try:
+        subprocess.run([sys.executable, BOOTSTRAP, str(script)], env=launcher_env(RANK="0", DDP_LAUNCHER_PROGRESS=
+                       beats.path), check=True, cwd=REPO, timeout=120)
+        beats.drain(progress)
+    finally:
+        beats.close()
+    assert progress.steps > 0 and progress.beats == 0  # sampled steps only
 
 
 def test_the_budget_is_job_wide_and_a_repeat_without_progress_stops_at_once() -> None:
@@ -153,6 +222,12 @@ def test_the_final_verdict_says_the_restarts_and_the_no_progress_class() -> None
     assert (verdict.klass, verdict.code) == (codes.NO_PROGRESS, codes.NO_PROGRESS_CODE)
     assert text.startswith("restarting does not help: generation 1 failed with the same root cause as generation 0 "
                            "(ValueError@t.py:3)") and verdict.root_cause == text.splitlines()[0]
+    # the budget spent: every host ends with the root cause's class and code, whatever its own end was
+    history.last = restart.Decision(2, False, "budget", 3, end(1, code=1, key="OSError@t.py:9"))
+    stopped = Verdict(codes.STOPPED, 143, root_cause="algo-1: its workers were stopped because of that")
+    verdict, text = history.verdict(stopped, "algo-2: rank 1 exited with code 1\nthen algo-1: stopped", 4096,
+                                    lines.append)
+    assert (verdict.klass, verdict.code, verdict.root_cause_host) == (codes.WORKER_EXIT, 1, "algo-2")
     verdict, text = History(2).verdict(Verdict(codes.SUCCESS, 0), "", 4096, lines.append)
     assert text == "" and verdict.restarts == () and lines == []
 
@@ -183,3 +258,15 @@ def test_torchrun_counts_as_done_once_its_failure_table_is_printed() -> None:
     assert failure_reported(tail)
     tail.feed(b"Root Cause (first observed failure):\n")  # a second table begins: wait for its end too
     assert not failure_reported(tail)
+
+
+def test_only_the_decision_that_ended_the_job_names_the_host_whose_failure_is_primary() -> None:
+    from types import SimpleNamespace
+
+    from launcher import report
+
+    ended = restart.Policy(0, DEFAULT_RESTART_ON).decide(0, [end(0, primary=False), end(1)]).message()
+    assert ended["why"] == "budget" and report.restart_cause(SimpleNamespace(decisions={0: ended})) == 1
+    restarted = restart.Policy(1, DEFAULT_RESTART_ON).decide(0, [end(1)]).message()
+    assert report.restart_cause(SimpleNamespace(decisions={0: restarted})) is None  # the last generation: no decision
+    assert report.restart_cause(None) is None

@@ -230,3 +230,58 @@ def test_three_generations_on_four_hosts_leave_no_old_process(tmp_path: Any) -> 
         assert said == ["1 of 2", "2 of 2"], host
     assert len(result.outcomes) == 4
     assert result.checkpoint == {"step": STEPS, "sum": uninterrupted_sum(4)}
+
+
+def test_the_first_failure_in_time_is_restarted_whatever_it_says_and_progress_is_what_the_sampler_sees(
+        tmp_path: Any) -> None:
+    # Side by side, 2 hosts of 1 rank each:
+    # - "reset": at step 3, rank 1 raises a network-worded RuntimeError once (budget 5): its words are no evidence
+    #   that another host failed first; it is the first failure in time, so it is restarted;
+    # - "progress": rank 1 raises the same OSError at the same line in generations 0-2, each time 8 steps further
+    #   than the generation before (it resumes from its checkpoint); the script sends no beat, so its progress is
+    #   what the bootstrap's sampler sees (budget 3: restarted 3 times, then it finishes);
+    # - "recurring": the same, in every generation (budget 2): restarted until the budget is spent, then it ends
+    #   with its own class and code on both hosts, not 93.
+    shape = ("--fail", "oserror", "--fail-step", "9", "--steps", "30", "--beats", "no", "--step-work", "0.2",
+             "--step-sleep", "0.2")
+    jobs = {"reset": launch(tmp_path, "reset", 2, "--fail", "raise", "--message",
+                            "Connection reset by peer (while talking to 10.0.0.7:29500)", max_restarts="5"),
+            "progress": launch(tmp_path, "progress", 2, *shape, "--fail-in", "0,1,2", max_restarts="3"),
+            "recurring": launch(tmp_path, "recurring", 2, *shape, "--fail-in", "all", max_restarts="2")}
+    results = {name: finish(job) for name, job in jobs.items()}
+
+    for name, gens in (("reset", 2), ("progress", 4)):
+        result = results[name]
+        assert result.code == 0 and result.exits == {"algo-1": 0, "algo-2": 0}, jobs[name].sim.stderr[-4000:]
+        assert sorted(result.records) == [f"g{g}.r{r}" for g in range(gens) for r in range(2)], name
+        assert len(result.outcomes) == 2
+        restarts = [outcome["restarts"] for outcome in result.outcomes.values()]
+        for outcome in result.outcomes.values():
+            assert outcome["class"] == codes.SUCCESS and outcome["recovered"] is True
+            for record in outcome["restarts"]:  # both hosts name the same root cause: rank 1's, on algo-2
+                assert record["class"] == codes.WORKER_EXIT and record["exit_code"] == 1, (name, record)
+                assert record["root_cause_host"] == "algo-2" and "rank 1" in record["root_cause"], (name, record)
+                assert set(record["phases"]) == {"detection", "stop", "barrier", "new_torchrun", "first_step"}
+                assert record["phases"]["barrier"] is not None and record["phases"]["new_torchrun"] is not None
+        assert [[(r["class"], r["exit_code"], r["root_cause_host"]) for r in rs] for rs in restarts[:1]] == \
+            [[(r["class"], r["exit_code"], r["root_cause_host"]) for r in rs] for rs in restarts[1:]], name
+        assert [len(rs) for rs in restarts] == [gens - 1] * 2, name
+        for host in result.logs:
+            said = restart_lines(result, host)
+            assert len(said) == gens - 1 and all("phases: detection" in line for line in said), (name, said)
+    assert results["reset"].checkpoint == {"step": STEPS, "sum": uninterrupted_sum(2)}
+    assert results["progress"].checkpoint == {"step": 30, "sum": 30 * 3.0}
+    # the reset's restart: every phase measured on the host where the failure was (it stepped after it)
+    phases = results["reset"].outcomes["algo-2"]["restarts"][0]["phases"]
+    assert all(value is not None and value >= 0 for value in phases.values()), phases
+
+    result = results["recurring"]  # the budget spent after real progress: the fault's own class and code
+    assert result.exits == {"algo-1": 1, "algo-2": 1}, jobs["recurring"].sim.stderr[-4000:]
+    assert sorted(result.records) == [f"g{g}.r{r}" for g in range(3) for r in range(2)]
+    assert len(result.outcomes) == 2
+    for outcome in result.outcomes.values():
+        assert outcome["class"] == codes.WORKER_EXIT and outcome["exit_code"] == 1, outcome
+        assert outcome["root_cause_host"] == "algo-2" and "rank 1" in outcome["root_cause"], outcome
+        assert outcome["exception"].startswith("OSError: [Errno 5] Input/output error"), outcome
+        assert "(after 2 job-wide restart(s) of 2)" in outcome["root_cause"]
+        assert len(outcome["restarts"]) == 2

@@ -1,19 +1,20 @@
 """A short gloo DDP job that fails on purpose in chosen generations, for the restart tests and the benchmark.
 
-Usage: ``restart_worker.py --out DIR [--steps N] [--step-sleep T] [--fail MODE] [--fail-rank R]
-[--fail-step S] [--fail-in GENS] [--no-beat]``.
+Usage: ``restart_worker.py --out DIR [--steps N] [--step-sleep T] [--step-work T] [--fail MODE] [--fail-rank R]
+[--fail-step S] [--fail-in GENS] [--beats no]``.
 
 The generation is ``TORCHELASTIC_RESTART_COUNT`` (the launcher sets it). Every rank writes
 ``DIR/g<gen>.r<rank>.json`` when its process group is up (its pid, the generation, its start and the time) and again
 after each step (``steps``, ``first_step_at``). Rank 0 keeps a checkpoint ``DIR/ckpt.json`` (the step
 and the running sum), written atomically after each step, and every generation resumes from it; the
 final sum is then the same as an uninterrupted run's. Each step all-reduces ``rank + 1`` and beats the
-launcher (``DDP_LAUNCHER_PROGRESS``) unless ``--no-beat``.
+launcher (``DDP_LAUNCHER_PROGRESS``) unless ``--beats no``.
 
 ``--fail MODE`` in the generations ``--fail-in`` (comma list, or ``all``), rank ``--fail-rank``, at the
 generation's own step ``--fail-step`` (counted from where it resumed; 0: before its first step):
-``exit`` (exit 3), ``raise`` (RuntimeError, same line every time), ``kill`` (SIGKILL itself), ``hang``
-(stops taking part: the others wait in the collective). The failing rank first writes ``DIR/fault.json``
+``exit`` (exit 3), ``raise`` (RuntimeError, same line every time; ``--message`` its text), ``oserror`` (OSError,
+same line every time), ``kill`` (SIGKILL itself), ``hang`` (stops taking part: the others wait in the
+collective). The failing rank first writes ``DIR/fault.json``
 (when it failed).
 
 ``--window-in GENS``: in those generations every rank prints ``restart window step=99`` before its process
@@ -74,12 +75,14 @@ def old_alive(out, gen):
     return alive
 
 
-def fail(mode, out):
+def fail(mode, out, message="the same bug every time"):
     save(os.path.join(out, "fault.json"), {"at": time.time(), "mode": mode})
     if mode == "exit":
         sys.exit(3)
     if mode == "raise":
-        raise RuntimeError("the same bug every time")  # at:raise
+        raise RuntimeError(message)  # at:raise
+    if mode == "oserror":
+        raise OSError(5, "Input/output error", "/data/shard-7.bin")
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "hang":
@@ -92,11 +95,13 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--step-sleep", type=float, default=0.3)
-    parser.add_argument("--fail", default="none", choices=["none", "exit", "raise", "kill", "hang"])
+    parser.add_argument("--step-work", type=float, default=0.0)
+    parser.add_argument("--fail", default="none", choices=["none", "exit", "raise", "oserror", "kill", "hang"])
+    parser.add_argument("--message", default="the same bug every time")
     parser.add_argument("--fail-rank", type=int, default=1)
     parser.add_argument("--fail-step", type=int, default=3)
     parser.add_argument("--fail-in", default="0")
-    parser.add_argument("--no-beat", action="store_true")
+    parser.add_argument("--beats", default="yes", choices=["yes", "no"])  # a value: SageMaker's hyperparameters
     parser.add_argument("--window-in", default="")
     parser.add_argument("--window-sleep", type=float, default=60.0)
     args = parser.parse_args()
@@ -119,18 +124,20 @@ def main():
         with open(ckpt) as fh:
             state = json.load(fh)
     if failing and args.fail_step == 0:
-        fail(args.fail, args.out)
+        fail(args.fail, args.out, args.message)
     resumed = state["step"]
     for step in range(resumed + 1, args.steps + 1):
         if failing and step - resumed == args.fail_step:
-            fail(args.fail, args.out)
+            fail(args.fail, args.out, args.message)
+        if args.step_work:
+            time.sleep(args.step_work)  # the step's work, on a line of its own (what the sampler sees)
         tensor = torch.tensor([float(rank + 1)])
         dist.all_reduce(tensor)
         state = {"step": step, "sum": state["sum"] + tensor.item()}
         if rank == 0:
             save(ckpt, state)
         dist.barrier()  # the checkpoint of this step is complete before any rank goes on
-        if not args.no_beat:
+        if args.beats == "yes":
             beat(rank)
         facts.update(steps=facts["steps"] + 1, sum=state["sum"])
         facts.setdefault("first_step_at", time.time())
