@@ -238,12 +238,15 @@ def test_a_run_directory_too_deep_for_a_socket_path_gets_an_abstract_socket(tmp_
     abstract namespace; the sampler and ddp_utils' beats reach it, and nothing of it is in the run directory."""
     import sys
 
-    run_dir = tmp_path / ("x" * 60) / "ddp-launcher-123-0123456789abcdef"
+    # a name as the launcher makes it (pid + random hex): the abstract namespace is the whole machine's, and
+    # a fixed name collided with the same test of another suite running beside this one (EADDRINUSE)
+    name = f"ddp-launcher-{os.getpid()}-{os.urandom(8).hex()}"
+    run_dir = tmp_path / ("x" * 60) / name
     run_dir.mkdir(parents=True)
     prog, stop, thread = progress.Progress(), threading.Event(), None
     beats = progress.BeatSocket(str(run_dir))
     try:
-        assert beats.path == "@ddp-launcher-123-0123456789abcdef/progress.sock"
+        assert beats.path == f"@{name}/progress.sock"
         assert os.listdir(run_dir) == [] and beats.rebind_if_gone(prog) is None
         thread = bootstrap.start_sampler({bootstrap.BEAT_VARIABLE: beats.path, "RANK": "3"}, stop)
         assert select.select([beats], [], [], 30)[0]
