@@ -33,8 +33,8 @@ KILL_WAIT = 30.0
 SLOW = 300.0  # a torch job: on a loaded 2-core machine, importing torch alone took 20 s
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[SlurmLab]:
+def running_lab() -> Iterator[SlurmLab]:
+    """A 2-node lab for a module's tests; when they are done, proof that nothing of it is left."""
     cluster = SlurmLab(nodes=2, cpus=4)
     try:
         cluster.up()
@@ -52,6 +52,11 @@ def lab() -> Iterator[SlurmLab]:
     with open("/proc/self/mountinfo") as fh:
         assert root not in fh.read(), "a lab mount leaked into the machine's mount namespace"
     assert not os.path.exists(root)
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[SlurmLab]:
+    yield from running_lab()
 
 
 def _link(pid: str) -> str:

@@ -19,7 +19,8 @@ outlives it, even when the process that started it is killed:
 
 Its API: :func:`missing_requirement` (why no lab can run here, or None); ``SlurmLab(nodes).up()``;
 :meth:`SlurmLab.run` (a command on the controller or a node, entering the lab's namespaces),
-:meth:`SlurmLab.sbatch`, :meth:`SlurmLab.wait_job`, :meth:`SlurmLab.output`; :meth:`SlurmLab.lab_pids` and
+:meth:`SlurmLab.sbatch` (a script's text), :meth:`SlurmLab.submit` (a script file), :meth:`SlurmLab.wait_job`,
+:meth:`SlurmLab.output`; :meth:`SlurmLab.lab_pids` and
 :meth:`SlurmLab.node_pids` (to prove nothing is left); :meth:`SlurmLab.down`; and
 :meth:`SlurmLab.attach` (a lab another process holds). Needs root (or user namespaces: not supported
 here) and Debian's ``slurm-wlm`` and ``munge`` packages. The tests (``tests/test_slurm_cluster.py``)
@@ -220,6 +221,11 @@ class SlurmLab:
         path = os.path.join(self.root, "jobs", f"script-{time.monotonic_ns()}.sh")
         with open(path, "w") as fh:
             fh.write(script)
+        return self.submit(path, *options, env=env)
+
+    def submit(self, path: str, *options: str, env: Optional[dict] = None) -> int:
+        """Submit the batch script file ``path`` as it is; returns the job id. Output goes to ``jobs/<id>.out``
+        (the command line's ``--output`` wins over the script's ``#SBATCH --output``)."""
         out = self.run(["sbatch", "--parsable", "--output", os.path.join(self.root, "jobs", "%j.out"),
                         *options, path], env=env).stdout
         return int(out.strip().split(";")[0])
@@ -230,11 +236,11 @@ class SlurmLab:
         return dict(item.split("=", 1) for item in text.split() if "=" in item)
 
     def wait_job(self, job_id: int, timeout: float = 120.0) -> dict[str, str]:
-        """Wait until the job has ended (not pending, running or completing); returns its fields."""
+        """Wait until the job has ended (not pending, running, completing or requeued); returns its fields."""
         deadline = time.monotonic() + timeout
         while True:
             fields = self.job(job_id)
-            if fields.get("JobState") not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"):
+            if fields.get("JobState") not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED"):
                 return fields
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {fields.get('JobState')} after {timeout} s")
