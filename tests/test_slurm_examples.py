@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -49,11 +50,11 @@ def pyz(tmp_path_factory: pytest.TempPathFactory) -> str:
     return path
 
 
-def submit(lab: SlurmLab, name: str, pyz: str, run: str) -> int:
+def submit(lab: SlurmLab, name: str, pyz: str, run: str, python: str = PYTHON) -> int:
     """``sbatch examples/<name>`` with the lab's substitutions only (the module's docstring); returns the job id."""
     tmp = os.path.join(lab.root, "tmp")
     os.makedirs(tmp, exist_ok=True)
-    env = {"PYTHON": PYTHON, "LAUNCHER": pyz, "RUN": run, "PYTHONPATH": "", "TMPDIR": tmp, "OMP_NUM_THREADS": "1"}
+    env = {"PYTHON": python, "LAUNCHER": pyz, "RUN": run, "PYTHONPATH": "", "TMPDIR": tmp, "OMP_NUM_THREADS": "1"}
     job = lab.submit(os.path.join(EXAMPLES, name), f"--chdir={REPO}", "--open-mode=append", env=env)
     assert job > 10_000_000, job  # a real site's job id reaches the launcher (port, rendezvous id)
     return job
@@ -121,6 +122,28 @@ def test_the_requeue_example_requeues_a_lost_node_once_and_the_rerun_resumes_to_
     assert f"infrastructure failure (exit code 137): requeueing job {job}" in out, out
     assert "resuming from " in out and f"METRIC epoch={EPOCHS} " in out, out
     assert os.path.exists(os.path.join(run, "model.pt")), out
+    assert_nodes_idle(lab)
+
+
+@pytest.mark.lab
+def test_the_requeue_example_ends_a_users_mistake_with_the_launchers_code_and_no_requeue(
+        lab: SlurmLab, pyz: str, tmp_path) -> None:
+    # The user's mistake: PYTHON is a Python without torch. Every node's launcher refuses it (bad_input, 2)
+    # before anything starts; the script reads both outcome files and ends with 2, never requeued.
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    probe = subprocess.run([python or "python3", "-c", "import torch"], capture_output=True)
+    if python is None or probe.returncode == 0:
+        pytest.skip("no Python without torch on this machine")
+    run = str(tmp_path / "run")
+    job = submit(lab, "slurm_requeue.sbatch", pyz, run, python=python)
+    fields = lab.wait_job(job, timeout=SLOW)
+    out = lab.output(job)
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("FAILED", "2:0", "0"), out
+    found = outcomes(run, job, 0)
+    assert [(n, o["class"], o["infrastructure"]) for n, o in found.items()] == [
+        ("0", "bad_input", False), ("1", "bad_input", False)], found
+    assert "torch is not installed in the Python that would run torchrun" in out and "requeue" not in out, out
+    assert not os.path.exists(os.path.join(run, "checkpoints")), out
     assert_nodes_idle(lab)
 
 

@@ -46,6 +46,7 @@ SUBNET = "10.77.0"
 CONTROLLER = "ctl"
 DOMAIN = "cluster.example.org"  # every host's name is an FQDN in it, as at real sites
 NODE_PREFIX, FIRST_NODE, NODE_DIGITS = "gpu-", 7, 4  # node names gpu-0007, gpu-0008: SLURM_JOB_NODELIST gpu-[0007-0008]
+CRED_EXPIRE = 10  # s: also how long a requeued job waits before it may start again (slurm.conf(5); default 120)
 FIRST_JOB_ID = 48213377  # real sites' job ids have 7-8 digits; the lab's first job gets this one
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "unshare", "nsenter", "ip")
 
@@ -90,7 +91,7 @@ def slurm_conf(root: str, nodes: int, cpus: int, first_job_id: int = FIRST_JOB_I
     """
     lines = [
         "ClusterName=lab", f"SlurmctldHost={CONTROLLER}({SUBNET}.1)", f"FirstJobId={first_job_id}",
-        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={root}/munge/munge.socket",
+        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={root}/munge/munge.socket,cred_expire={CRED_EXPIRE}",
         "SlurmUser=root", "SlurmdUser=root",
         f"StateSaveLocation={root}/ctld", f"SlurmdSpoolDir={root}/spool/%n",
         f"SlurmctldPidFile={root}/run/slurmctld.pid", f"SlurmdPidFile={root}/run/slurmd-%n.pid",
