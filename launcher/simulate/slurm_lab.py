@@ -91,7 +91,8 @@ def slurm_conf(root: str, nodes: int, cpus: int, first_job_id: int = FIRST_JOB_I
     """
     lines = [
         "ClusterName=lab", f"SlurmctldHost={CONTROLLER}({SUBNET}.1)", f"FirstJobId={first_job_id}",
-        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={root}/munge/munge.socket,cred_expire={CRED_EXPIRE}",
+        "AuthType=auth/munge", "CredType=cred/munge",
+        f"AuthInfo=socket={root}/munge/munge.socket,cred_expire={CRED_EXPIRE}",
         "SlurmUser=root", "SlurmdUser=root",
         f"StateSaveLocation={root}/ctld", f"SlurmdSpoolDir={root}/spool/%n",
         f"SlurmctldPidFile={root}/run/slurmctld.pid", f"SlurmdPidFile={root}/run/slurmd-%n.pid",
@@ -100,6 +101,7 @@ def slurm_conf(root: str, nodes: int, cpus: int, first_job_id: int = FIRST_JOB_I
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
         "SchedulerType=sched/builtin", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+        "SchedulerParameters=sched_interval=2",  # a requeued job starts within 2 s of its eligible time, not 60
         "MpiDefault=none", "ReturnToService=2", "SlurmdParameters=config_overrides",
         "KillWait=30", "MailProg=/bin/true", "SlurmctldTimeout=30", "SlurmdTimeout=30",
     ]
