@@ -23,7 +23,7 @@ from launcher.cluster import Cluster
 from launcher.command import job_identity, watch_ports
 from launcher.options import parse_invocation
 from launcher.platforms import hostlist
-from launcher.simulate.slurm_lab import SlurmLab, missing_requirement
+from launcher.simulate.slurm_lab import SlurmLab, fqdn, missing_requirement, node_list
 
 pytestmark = pytest.mark.skipif(missing_requirement() is not None, reason=missing_requirement() or "")
 WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
@@ -33,8 +33,8 @@ KILL_WAIT = 30.0
 SLOW = 300.0  # a torch job: on a loaded 2-core machine, importing torch alone took 20 s
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[SlurmLab]:
+def running_lab() -> Iterator[SlurmLab]:
+    """A 2-node lab for a module's tests; when they are done, proof that nothing of it is left."""
     cluster = SlurmLab(nodes=2, cpus=4)
     try:
         cluster.up()
@@ -52,6 +52,11 @@ def lab() -> Iterator[SlurmLab]:
     with open("/proc/self/mountinfo") as fh:
         assert root not in fh.read(), "a lab mount leaked into the machine's mount namespace"
     assert not os.path.exists(root)
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[SlurmLab]:
+    yield from running_lab()
 
 
 def _link(pid: str) -> str:
@@ -99,11 +104,18 @@ def test_two_nodes_train_with_world_size_4_and_rank_0_on_the_first_node(lab: Slu
     out = lab.output(job)
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), out
     facts = [json.loads((records / f"rank{r}.json").read_text()) for r in range(4)]
+    first, second = (fqdn(name) for name in lab.names)  # each node's host name is its FQDN
     assert [(f["rank"], f["world_size"], f["host"]) for f in facts] == [
-        (0, 4, "node1"), (1, 4, "node1"), (2, 4, "node2"), (3, 4, "node2")]
+        (0, 4, first), (1, 4, first), (2, 4, second), (3, 4, second)]
     assert all(f["params"] == facts[0]["params"] for f in facts)  # DDP kept every replica identical
-    assert f"--master-addr node1 --master-port {20000 + job % 10000}" in out
-    assert "slurm host node2: node 1 of 2, 2 process(es) per node" in out
+    # A job id and a node list of a real site's shape (gpu-[0007-0008]), as each node's launcher read them:
+    # its torchrun command names the job id, the first node as master and its own node of the expanded list.
+    assert job > 10_000_000 and (fields["NodeList"], lab.names) == ("gpu-[0007-0008]", ["gpu-0007", "gpu-0008"])
+    port = 20000 + job % 10000
+    for rank, name in enumerate(lab.names):
+        assert (f"slurm host {name}: node {rank} of 2, 2 process(es) per node; " in out
+                and f" --node-rank {rank} --master-addr gpu-0007 --master-port {port} --rdzv-backend static "
+                    f"--rdzv-id slurm-{job}.0 --rdzv-conf timeout=900 --local-addr {name} " in out), out
 
 
 @pytest.mark.job
@@ -117,7 +129,7 @@ def test_a_worker_exit_code_on_node_2_is_the_step_exit_code_with_the_root_cause(
     fields = lab.wait_job(job, timeout=SLOW)
     out = lab.output(job)
     assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "7:0"), out
-    assert "node2: rank 2 (local rank 0) exited with code 7" in out
+    assert f"{lab.names[1]}: rank 2 (local rank 0) exited with code 7" in out
 
 
 @pytest.mark.job
@@ -169,17 +181,17 @@ def test_wrong_use_is_one_line_and_exit_2(lab: SlurmLab, srun, expected, tmp_pat
     assert not os.listdir(tmp_path), "a worker started"
 
 
-def own_watch_ports(job: int) -> tuple[int, ...]:
+def own_watch_ports(job: int, master: str) -> tuple[int, ...]:
     """The job watch's candidate ports of the first step of 2-node job ``job`` (the launcher's own rule)."""
-    cluster = Cluster("slurm", 2, 0, 1, "node1", "node1", 20000 + job % 10000, job_name=f"slurm-{job}.0")
-    identity = job_identity(cluster.job_name, "node1", cluster.master_port, 2)
+    cluster = Cluster("slurm", 2, 0, 1, master, master, 20000 + job % 10000, job_name=f"slurm-{job}.0")
+    identity = job_identity(cluster.job_name, master, cluster.master_port, 2)
     return watch_ports(cluster, parse_invocation(["t.py"], {}).options, identity)
 
 
 @pytest.mark.job
 @pytest.mark.lab
 def test_two_jobs_whose_ids_differ_by_1_share_both_nodes_and_both_succeed(lab: SlurmLab, tmp_path) -> None:
-    # Their rendezvous ports differ by 1 (20000 + id % 10000); each job's watch must find its own hub on node1.
+    # Their rendezvous ports differ by 1 (20000 + id % 10000); each job's watch must find its own hub on the first node.
     # The workers wait for each other's ranks after their process group is up (tests/scripts/paired_worker.py),
     # so both jobs' rendezvous, process groups and watches are alive at the same time.
     meet = tmp_path / "meet"
@@ -194,15 +206,15 @@ def test_two_jobs_whose_ids_differ_by_1_share_both_nodes_and_both_succeed(lab: S
         assert time.monotonic() < deadline and set(states) <= {"PENDING", "CONFIGURING", "RUNNING"}, (
             states, lab.output(first), lab.output(second))
         time.sleep(0.2)
-    running = job_pids(lab)
+    running, master = job_pids(lab), lab.names[0]
     for job in (first, second):
         fields = lab.wait_job(job, timeout=SLOW)
         out = lab.output(job)
-        assert (fields["JobState"], fields["ExitCode"], fields["NodeList"]) == ("COMPLETED", "0:0", "node[1-2]"), out
-        assert f"--master-addr node1 --master-port {20000 + job % 10000}" in out
-        connected = re.findall(r"job watch: connected to the hub on node1 \(node1:(\d+)\)$", out, re.M)
+        assert (fields["JobState"], fields["ExitCode"], fields["NodeList"]) == ("COMPLETED", "0:0", node_list(2)), out
+        assert f"--master-addr {master} --master-port {20000 + job % 10000}" in out
+        connected = re.findall(rf"job watch: connected to the hub on {master} \({master}:(\d+)\)$", out, re.M)
         hub = re.findall(r"job watch: hub on port (\d+)$", out, re.M)
-        assert len(connected) == 1 and connected == hub and int(hub[0]) in own_watch_ports(job), out  # its own hub
+        assert len(connected) == 1 and connected == hub and int(hub[0]) in own_watch_ports(job, master), out
         assert not re.search(r"refused|lost|job watch off", out), out
     records = [json.loads(path.read_text()) for path in sorted(meet.glob("*.json"))]
     assert sorted((r["job"], r["rank"], r["sum"]) for r in records) == [

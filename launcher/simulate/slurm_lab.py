@@ -6,16 +6,21 @@ outlives it, even when the process that started it is killed:
 - an *anchor* process started by ``unshare --pid --fork --mount-proc --net --uts`` is PID 1 of the
   lab's PID namespace. It binds the lab's hosts file over ``/etc/hosts`` in its private mount
   namespace, builds a bridge (``10.77.0.1``, the controller ``ctl``), and one network + UTS
-  namespace per node (``nodeN`` at ``10.77.0.1N``) joined to the bridge by a veth pair; then it
+  namespace per node (node N at ``10.77.0.1N``) joined to the bridge by a veth pair; then it
   starts munged, slurmctld and the slurmds (``nsenter --net --uts``: they keep the cgroup mounts
   slurmd needs) as its children and waits for its stdin to close;
+- names and ids are those of a real site: nodes ``gpu-0007``, ``gpu-0008``, ... (``SLURM_JOB_NODELIST``
+  ``gpu-[0007-0008]``), each host's name its FQDN (``gpu-0007.cluster.example.org``, the node's
+  ``NodeHostname`` and ``NodeAddr``, by which its slurmd finds its node), and job ids from 48213377
+  (``FirstJobId``; a parameter);
 - when the anchor exits (``down``, or the end of its stdin because its parent died), the kernel
   kills every process of the PID namespace, and with them the namespaces go. Nothing on the machine
   is edited: config, key, sockets, spool and logs are under the lab's own directory.
 
 Its API: :func:`missing_requirement` (why no lab can run here, or None); ``SlurmLab(nodes).up()``;
 :meth:`SlurmLab.run` (a command on the controller or a node, entering the lab's namespaces),
-:meth:`SlurmLab.sbatch`, :meth:`SlurmLab.wait_job`, :meth:`SlurmLab.output`; :meth:`SlurmLab.lab_pids` and
+:meth:`SlurmLab.sbatch` (a script's text), :meth:`SlurmLab.submit` (a script file), :meth:`SlurmLab.wait_job`,
+:meth:`SlurmLab.output`; :meth:`SlurmLab.lab_pids` and
 :meth:`SlurmLab.node_pids` (to prove nothing is left); :meth:`SlurmLab.down`; and
 :meth:`SlurmLab.attach` (a lab another process holds). Needs root (or user namespaces: not supported
 here) and Debian's ``slurm-wlm`` and ``munge`` packages. The tests (``tests/test_slurm_cluster.py``)
@@ -39,6 +44,10 @@ from typing import IO, Optional
 
 SUBNET = "10.77.0"
 CONTROLLER = "ctl"
+DOMAIN = "cluster.example.org"  # every host's name is an FQDN in it, as at real sites
+NODE_PREFIX, FIRST_NODE, NODE_DIGITS = "gpu-", 7, 4  # node names gpu-0007, gpu-0008: SLURM_JOB_NODELIST gpu-[0007-0008]
+CRED_EXPIRE = 10  # s: also how long a requeued job waits before it may start again (slurm.conf(5); default 120)
+FIRST_JOB_ID = 48213377  # real sites' job ids have 7-8 digits; the lab's first job gets this one
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "unshare", "nsenter", "ip")
 
 
@@ -58,11 +67,32 @@ def node_address(index: int) -> str:
     return f"{SUBNET}.{10 + index}"
 
 
-def slurm_conf(root: str, nodes: int, cpus: int) -> str:
-    """The lab's slurm.conf: munge through the lab's socket, linuxproc tracking, no accounting."""
+def node_name(index: int) -> str:
+    """SLURM's name of node ``index`` (1-based): zero-padded, ``gpu-0007`` for node 1."""
+    return f"{NODE_PREFIX}{FIRST_NODE + index - 1:0{NODE_DIGITS}d}"
+
+
+def node_list(nodes: int) -> str:
+    """The lab's ``nodes`` nodes as a SLURM host list (``gpu-[0007-0008]``)."""
+    last = f"{FIRST_NODE + nodes - 1:0{NODE_DIGITS}d}"
+    return f"{NODE_PREFIX}[{FIRST_NODE:0{NODE_DIGITS}d}" + (f"-{last}]" if nodes > 1 else "]")
+
+
+def fqdn(name: str) -> str:
+    """The fully qualified name of lab host ``name`` (its UTS host name, its NodeHostname and NodeAddr)."""
+    return f"{name}.{DOMAIN}"
+
+
+def slurm_conf(root: str, nodes: int, cpus: int, first_job_id: int = FIRST_JOB_ID) -> str:
+    """The lab's slurm.conf: munge through the lab's socket, linuxproc tracking, no accounting.
+
+    Nodes are named as at real sites: ``NodeName`` zero-padded (``gpu-0007``), ``NodeHostname`` and
+    ``NodeAddr`` its FQDN (resolved by the lab's hosts file); job ids start at ``first_job_id``.
+    """
     lines = [
-        "ClusterName=lab", f"SlurmctldHost={CONTROLLER}({SUBNET}.1)",
-        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={root}/munge/munge.socket",
+        "ClusterName=lab", f"SlurmctldHost={CONTROLLER}({SUBNET}.1)", f"FirstJobId={first_job_id}",
+        "AuthType=auth/munge", "CredType=cred/munge",
+        f"AuthInfo=socket={root}/munge/munge.socket,cred_expire={CRED_EXPIRE}",
         "SlurmUser=root", "SlurmdUser=root",
         f"StateSaveLocation={root}/ctld", f"SlurmdSpoolDir={root}/spool/%n",
         f"SlurmctldPidFile={root}/run/slurmctld.pid", f"SlurmdPidFile={root}/run/slurmd-%n.pid",
@@ -71,19 +101,20 @@ def slurm_conf(root: str, nodes: int, cpus: int) -> str:
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
         "SchedulerType=sched/builtin", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+        "SchedulerParameters=sched_interval=2",  # a requeued job starts within 2 s of its eligible time, not 60
         "MpiDefault=none", "ReturnToService=2", "SlurmdParameters=config_overrides",
         "KillWait=30", "MailProg=/bin/true", "SlurmctldTimeout=30", "SlurmdTimeout=30",
     ]
-    lines += [f"NodeName=node{i} NodeAddr={node_address(i)} CPUs={cpus} RealMemory=1000 State=UNKNOWN"
-              for i in range(1, nodes + 1)]
-    lines.append(f"PartitionName=lab Nodes=node[1-{nodes}] Default=YES MaxTime=INFINITE State=UP")
+    lines += [f"NodeName={node_name(i)} NodeHostname={fqdn(node_name(i))} NodeAddr={fqdn(node_name(i))} "
+              f"CPUs={cpus} RealMemory=1000 State=UNKNOWN" for i in range(1, nodes + 1)]
+    lines.append(f"PartitionName=lab Nodes={node_list(nodes)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
 
 
 def hosts_file(nodes: int) -> str:
-    """``/etc/hosts`` of every lab host: the controller and the nodes on the bridge."""
-    lines = ["127.0.0.1 localhost", f"{SUBNET}.1 {CONTROLLER}"]
-    lines += [f"{node_address(i)} node{i}" for i in range(1, nodes + 1)]
+    """``/etc/hosts`` of every lab host: the controller and the nodes on the bridge, FQDN first."""
+    lines = ["127.0.0.1 localhost", f"{SUBNET}.1 {fqdn(CONTROLLER)} {CONTROLLER}"]
+    lines += [f"{node_address(i)} {fqdn(node_name(i))} {node_name(i)}" for i in range(1, nodes + 1)]
     return "\n".join(lines) + "\n"
 
 
@@ -111,8 +142,10 @@ def pids_in_namespace(kind: str, link: str) -> list[int]:
 class SlurmLab:
     """A private SLURM cluster of ``nodes`` nodes with ``cpus`` CPUs each."""
 
-    def __init__(self, nodes: int = 2, cpus: int = 4, root: Optional[str] = None) -> None:
-        self.nodes, self.cpus = nodes, cpus
+    def __init__(self, nodes: int = 2, cpus: int = 4, root: Optional[str] = None,
+                 first_job_id: int = FIRST_JOB_ID) -> None:
+        self.nodes, self.cpus, self.first_job_id = nodes, cpus, first_job_id
+        self.names = [node_name(i) for i in range(1, nodes + 1)]  # SLURM's node names, node 1 first
         self.root = root or tempfile.mkdtemp(prefix="slurmlab-", dir="/tmp")  # short: socket paths
         self.conf = os.path.join(self.root, "slurm.conf")
         self.anchor: Optional[subprocess.Popen] = None
@@ -130,7 +163,7 @@ class SlurmLab:
     # ------------------------------------------------------------------ outside: the test's side
     def up(self, timeout: float = 30.0) -> None:
         """Start the anchor, wait until every node is idle. Raises RuntimeError with the logs if not."""
-        subs = ["munge", "ctld", "run", "log", "jobs"] + [f"spool/node{i}" for i in range(1, self.nodes + 1)]
+        subs = ["munge", "ctld", "run", "log", "jobs"] + [f"spool/{name}" for name in self.names]
         for sub in subs:
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
         os.chmod(os.path.join(self.root, "munge"), 0o755)  # munged refuses a socket dir others can write
@@ -139,7 +172,7 @@ class SlurmLab:
             fh.write(os.urandom(1024))
         os.chmod(key, 0o400)
         with open(self.conf, "w") as fh:
-            fh.write(slurm_conf(self.root, self.nodes, self.cpus))
+            fh.write(slurm_conf(self.root, self.nodes, self.cpus, self.first_job_id))
         with open(os.path.join(self.root, "hosts"), "w") as fh:
             fh.write(hosts_file(self.nodes))
         open(os.path.join(self.root, "plugstack.conf"), "w").close()
@@ -191,6 +224,11 @@ class SlurmLab:
         path = os.path.join(self.root, "jobs", f"script-{time.monotonic_ns()}.sh")
         with open(path, "w") as fh:
             fh.write(script)
+        return self.submit(path, *options, env=env)
+
+    def submit(self, path: str, *options: str, env: Optional[dict] = None) -> int:
+        """Submit the batch script file ``path`` as it is; returns the job id. Output goes to ``jobs/<id>.out``
+        (the command line's ``--output`` wins over the script's ``#SBATCH --output``)."""
         out = self.run(["sbatch", "--parsable", "--output", os.path.join(self.root, "jobs", "%j.out"),
                         *options, path], env=env).stdout
         return int(out.strip().split(";")[0])
@@ -201,11 +239,11 @@ class SlurmLab:
         return dict(item.split("=", 1) for item in text.split() if "=" in item)
 
     def wait_job(self, job_id: int, timeout: float = 120.0) -> dict[str, str]:
-        """Wait until the job has ended (not pending, running or completing); returns its fields."""
+        """Wait until the job has ended (not pending, running, completing or requeued); returns its fields."""
         deadline = time.monotonic() + timeout
         while True:
             fields = self.job(job_id)
-            if fields.get("JobState") not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"):
+            if fields.get("JobState") not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED"):
                 return fields
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {fields.get('JobState')} after {timeout} s")
@@ -260,7 +298,7 @@ def _anchor(root: str, nodes: int) -> None:
     """Build the hosts and start the daemons; print the lab's facts; wait for end of input."""
     conf = os.path.join(root, "slurm.conf")
     _sh("mount", "--bind", os.path.join(root, "hosts"), "/etc/hosts")
-    _sh("hostname", CONTROLLER)
+    _sh("hostname", fqdn(CONTROLLER))
     _sh("ip", "link", "set", "lo", "up")
     _sh("ip", "link", "add", "br0", "type", "bridge")
     _sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", "br0")
@@ -273,7 +311,7 @@ def _anchor(root: str, nodes: int) -> None:
         enter = ["nsenter", "-t", str(holder.pid), "--net", "--uts"]
         _sh("ip", "link", "add", f"veth{i}", "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid))
         _sh("ip", "link", "set", f"veth{i}", "master", "br0", "up")
-        _sh(*enter, "hostname", f"node{i}")
+        _sh(*enter, "hostname", fqdn(node_name(i)))
         _sh(*enter, "ip", "link", "set", "lo", "up")
         _sh(*enter, "ip", "addr", "add", f"{node_address(i)}/24", "dev", "eth0")
         _sh(*enter, "ip", "link", "set", "eth0", "up")
@@ -308,9 +346,9 @@ def _start_daemons(root: str, holders: Sequence[int], log: IO[bytes]) -> None:
             sys.exit(1)  # munged refused to start: its log says why
         time.sleep(0.01)
     subprocess.Popen(["slurmctld", "-D", "-i", "-f", conf], stdout=log, stderr=log)
-    for i, holder_pid in enumerate(holders, start=1):
+    for holder_pid in holders:  # no -N: each slurmd finds its node by its host name, as at real sites
         subprocess.Popen(["nsenter", "-t", str(holder_pid), "--net", "--uts", "--",
-                          "slurmd", "-D", "-N", f"node{i}", "-f", conf], stdout=log, stderr=log)
+                          "slurmd", "-D", "-f", conf], stdout=log, stderr=log)
 
 
 def _reap() -> None:
