@@ -296,3 +296,10 @@ def culprit_sentence(positions: Mapping[int, Position], hosts: Mapping[int, str]
     if not odd:
         parts[0] = "no rank stands out: " + parts[0]
     return "; ".join([head, *parts, *tail])
+
+
+def children_clause(kids: Sequence[tuple[int, int, Position]], culprit: Optional[int]) -> str:
+    """``; rank 1's child pid 812 at data.py:20 in __getitem__``: where the culprit's children were (its
+    DataLoader's workers), or every rank's when no rank stands out; at most three; "" when none."""
+    chosen = [k for k in kids if culprit is None or k[0] == culprit][:3]
+    return "".join(f"; rank {rank}'s child pid {pid} at {pos.where()}" for rank, pid, pos in chosen)
