@@ -32,8 +32,10 @@ torch or this file), that frame's line, and the library frame it called (the *ca
   library function again (a new callee frame);
 - ``~moved``: the script's code moved: another frame or line, a new callee, or, when the script's own line
   is the innermost frame (a C call made from it, ``.item()``, ``time.sleep``), the thread's CPU clock moved
-  since the last look. These do not depend on where a look lands: every call makes a new frame, and a thread
-  that came back from a C call and went round has used CPU time;
+  since the last look; or the main thread read or wrote bytes (its ``/proc`` I/O counters: a checkpoint
+  written or loaded in one long library call). These do not depend on where a look lands: every call makes
+  a new frame, a thread that came back from a C call and went round has used CPU time, and the counters
+  only grow;
 - ``~wait``: no move, and a frame below the script's is a ``torch.distributed`` collective (:data:`WAITS`):
   the rank waits for the others, and every rank has joined the group;
 - ``~busy``: only the library's frames moved (an import, a checkpoint load, a poll loop inside torch).
@@ -80,8 +82,10 @@ class Sampler:
     frame object, which could otherwise reuse the old one's address); what they hold stays alive until then
     (at most :data:`PERIOD` s)."""
 
-    def __init__(self, ident):
+    def __init__(self, ident, native_id=None):
         self.ident = ident
+        self.io = f"/proc/self/task/{native_id}/io" if native_id else None  # the thread's I/O counters (Linux)
+        self.moved_bytes = self._bytes()
         self.frame, self.line = None, 0  # the innermost frame at the last look, and its line
         self.user, self.user_line, self.callee = None, 0, None  # the script's innermost frame, its line, callee
         self.cpu = None  # the main thread's CPU clock (None: not readable here), and its last reading
@@ -116,6 +120,23 @@ class Sampler:
             self.user_code[id(code)] = known
         return known
 
+    def _bytes(self):
+        """Bytes the main thread has read and written (``rchar`` + ``wchar``); 0 where unreadable."""
+        if self.io is None:
+            return 0
+        try:
+            with open(self.io, "rb") as fh:
+                fields = dict(line.split(b":", 1) for line in fh.read(4096).splitlines() if b":" in line)
+            return int(fields[b"rchar"]) + int(fields[b"wchar"])
+        except (OSError, KeyError, ValueError):
+            return 0
+
+    def _did_io(self):
+        """Whether the main thread read or wrote since the last look (a checkpoint write that keeps writing)."""
+        moved_bytes = self._bytes()
+        did, self.moved_bytes = moved_bytes != self.moved_bytes, moved_bytes
+        return did
+
     def _ran(self):
         """Whether the main thread ran on a CPU since the last look (its CPU clock moved)."""
         if self.cpu is None:
@@ -149,9 +170,10 @@ class Sampler:
             self.user = self.callee = None
             return Look(busy, busy, False, waiting)
         moved = frame is not self.user or frame.f_lineno != self.user_line or callee is not self.callee
-        ran = self._ran()
+        ran, did_io = self._ran(), self._did_io()
         if not moved and callee is None:  # in the script's own line (a C call, or a loop on one line)
             moved = ran
+        moved = moved or did_io
         # the same line called its library function again: the loop came round
         stepped = (frame is self.user and frame.f_lineno == self.user_line and callee is not None
                    and self.callee is not None and callee is not self.callee)
@@ -221,7 +243,8 @@ def start_sampler(environ, stop=None):
         return None
     if path.startswith("@"):  # a name in Linux's abstract namespace (launcher/progress.py: beat_address)
         path = "\0" + path[1:]
-    sampler = Sampler(threading.main_thread().ident)
+    main = threading.main_thread()
+    sampler = Sampler(main.ident, getattr(main, "native_id", None))
     thread = threading.Thread(target=_sample, args=(sampler, int(rank), path, stop or threading.Event()),
                               name="ddp-launcher-sampler", daemon=True)
     thread.sampler = sampler

@@ -8,6 +8,7 @@ again, go round several lines, spin on one line, or sleep the sampler's own peri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -40,7 +41,7 @@ class Running:
         time.sleep(0.2)  # it reached its state
 
     def looks(self, count: int = LOOKS) -> list[bootstrap.Look]:
-        sampler = bootstrap.Sampler(self.thread.ident)
+        sampler = bootstrap.Sampler(self.thread.ident, self.thread.native_id)
         seen = []
         for _ in range(count + 1):
             seen.append(sampler.look())
@@ -125,6 +126,28 @@ def test_a_thread_that_runs_its_own_code_moves_at_every_look(work: Callable) -> 
         running.end()
     assert all(look.moved for look in seen), seen
     assert any(look.stepped for look in seen) == (work is not one_line_loop), seen
+
+
+def test_a_long_library_call_that_keeps_reading_and_writing_moves(tmp_path: Path) -> None:
+    # One call of the library for ever (the script's frame, line and callee never change): a checkpoint
+    # written or read in one call. The main thread's I/O counters grow: that is progress.
+    import shutil
+
+    source = tmp_path / "sparse"
+    with open(source, "wb") as fh:
+        fh.truncate(1 << 40)  # a terabyte of holes: read for far longer than the test looks
+    with open(source, "rb") as src, open(os.devnull, "wb") as dst:
+
+        def copies(stop: threading.Event) -> None:
+            with contextlib.suppress(ValueError, OSError):  # the files closed under it: the end
+                shutil.copyfileobj(src, dst)
+
+        running = Running(copies, release=lambda: (src.close(), dst.close()))
+        try:
+            seen = running.looks()
+        finally:
+            running.end()
+    assert all(look.moved for look in seen) and not any(look.stepped for look in seen), seen
 
 
 def test_a_loop_whose_step_is_one_c_call_at_the_samplers_period_moves() -> None:
