@@ -381,3 +381,17 @@ def test_why_ranks_gave_no_stack_travels_bounded(why: dict[int, str]) -> None:
     assert all(why[rank][:60] == reason for rank, reason in back.items())
     if len(json.dumps([[r[:60], list(range(len(why)))] for r in set(why.values())])) < hangwatch.MAX_WHY_BYTES // 2:
         assert set(back) == set(why)  # little to say: every rank arrives
+
+
+def test_the_samplers_collectives_are_the_verdicts() -> None:
+    from launcher import bootstrap
+
+    assert bootstrap.WAITS == hang.COLLECTIVES  # bootstrap imports nothing from the launcher: a copy, kept equal
+
+
+def test_the_culprits_children_end_the_sentence() -> None:
+    kid = hang.Position("/job/data.py", 20, "__getitem__", "", False)
+    kids = [(0, 11, kid._replace(line=5)), (1, 12, kid), (1, 13, kid)]
+    assert hang.children_clause(kids, 1) == ("; rank 1's child pid 12 at data.py:20 in __getitem__"
+                                             "; rank 1's child pid 13 at data.py:20 in __getitem__")
+    assert hang.children_clause(kids, None).count("; rank ") == 3 and hang.children_clause([], 1) == ""
