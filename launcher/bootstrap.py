@@ -38,7 +38,9 @@ torch or this file), that frame's line, and the library frame it called (the *ca
   only grow;
 - ``~wait``: no move, and a frame below the script's is a ``torch.distributed`` collective (:data:`WAITS`):
   the rank waits for the others, and every rank has joined the group;
-- ``~busy``: only the library's frames moved (an import, a checkpoint load, a poll loop inside torch).
+- ``~busy``: only the library's frames moved (an import, a checkpoint load, a poll loop inside torch);
+- ``~end`` (once, from the main thread): the script has ended; the interpreter's teardown follows, during
+  which no thread samples (faulthandler is gone too: no stack could be taken).
 
 A blocked collective, a deadlock, a blocked read and a library poll loop keep the script's frame, line and
 callee for ever: no ``~moved``. A C call that holds the GIL stops the sampler too: no beat, as it should be.
@@ -248,8 +250,20 @@ def start_sampler(environ, stop=None):
     thread = threading.Thread(target=_sample, args=(sampler, int(rank), path, stop or threading.Event()),
                               name="ddp-launcher-sampler", daemon=True)
     thread.sampler = sampler
+    thread.ended = lambda: _send(path, int(rank), b"~end")
     thread.start()
     return thread
+
+
+def _send(path, rank, word):
+    """One beat datagram (never blocks, never fails the script)."""
+    with contextlib.suppress(OSError):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        try:
+            sock.sendto(b"%d %s" % (rank, word), path)
+        finally:
+            sock.close()
 
 
 def die_with_torchrun():
@@ -350,6 +364,7 @@ def run(argv):
     finally:
         if sampling is not None:
             sampling.sampler.finish()
+            sampling.ended()
     _record(0)
 
 

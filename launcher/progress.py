@@ -20,7 +20,8 @@
   only the library's frames moved (``~busy``), or it waits for the other ranks in ``torch.distributed``
   (``~wait``: no progress; :meth:`Progress.waiting`).
 
-Every kind but ``~wait`` makes a rank heard (its silence ends), ``~busy`` only until the rank first stepped
+A rank whose script ended (``~end``) is heard through its teardown (at most :data:`TEARDOWN` s). Every
+kind but ``~wait`` makes a rank heard (its silence ends), ``~busy`` only until the rank first stepped
 (a poll loop inside torch is no progress); a step-like kind (an explicit beat, a sampled
 ``~step``, a line) also marks its step, which the learned timeout learns from
 (:mod:`launcher.hangtimeout`). A rank's lines count only until it beats or is sampled: a thread that
@@ -43,7 +44,8 @@ from typing import Optional
 BEAT_ENV = "DDP_LAUNCHER_PROGRESS"
 BEAT_SOCKET = "progress.sock"
 MAX_SOCKET_PATH = 107  # bytes of a UNIX socket's path (sun_path holds 108, with the closing NUL)
-SAMPLED = (b"~moved", b"~step", b"~busy", b"~wait")  # the words of the bootstrap's sampler (launcher/bootstrap.py)
+SAMPLED = (b"~moved", b"~step", b"~busy", b"~wait", b"~end")  # the bootstrap's sampler's words (launcher/bootstrap.py)
+TEARDOWN = 60.0  # seconds a rank whose script ended counts as heard: the interpreter's teardown, under load
 WAIT_FRESH = 3.0  # seconds a rank's last ``~wait`` holds: its sampler says it again every second while it waits
 MAX_BEAT = 64  # bytes of a beat datagram that are read: the rank, then an optional word
 CAPTURE_LIMIT = 16 * 1024 * 1024  # bytes of stack dumps kept after a hang (a few MB for hundreds of threads)
@@ -58,6 +60,7 @@ class Progress:
         self.heard: dict[int, float] = {}
         self.stepped: dict[int, float] = {}  # rank -> its latest step-like event
         self.beating: set[int] = set()  # ranks that beat or are sampled: their lines no longer count
+        self.ended: dict[int, float] = {}  # rank -> when its script ended (``~end``): the teardown is no silence
         self.came_round: set[int] = set()  # ranks that stepped (sampled or explicit): their ``~busy`` no longer counts
         self.waits: dict[int, tuple[float, float]] = {}  # rank -> (since, last ``~wait``): waiting for the others
         self.beats = 0
@@ -88,10 +91,12 @@ class Progress:
                 self.waits[rank] = (self.waits[rank][0] if rank in self.waits else now, now)
                 return
             self.waits.pop(rank, None)
+            if word == b"~end":
+                self.ended[rank] = now
             if word == b"~busy" and rank in self.came_round:
                 return
             self.heard[rank] = now
-            if word in (b"~moved", b"~busy"):
+            if word in (b"~moved", b"~busy", b"~end"):
                 return
             self.stepped[rank] = now
             self.came_round.add(rank)
@@ -109,9 +114,11 @@ class Progress:
             return {rank: since for rank, (since, last) in self.waits.items() if now - last <= WAIT_FRESH}
 
     def last(self) -> dict[int, float]:
-        """A copy of rank -> when last heard (monotonic)."""
+        """A copy of rank -> when last heard (monotonic); for a rank whose script ended, now, for at most
+        :data:`TEARDOWN` s (the interpreter's teardown, when nothing samples)."""
+        now = time.monotonic()
         with self.lock:
-            return dict(self.heard)
+            return {**self.heard, **{rank: min(now, when + TEARDOWN) for rank, when in self.ended.items()}}
 
     def last_step(self) -> Optional[float]:
         """When any rank's latest step-like event came (monotonic); None before the first."""

@@ -196,6 +196,10 @@ def test_the_sampler_beats_the_launchers_socket_and_lines_stop_counting(tmp_path
     assert prog.last()[1] > heard and prog.waiting() == {}
     prog.beat(2, b"~busy")  # before its first step, a rank's busy library (an import, a load) counts
     assert 2 in prog.last()
+    prog.beat(3, b"~end")  # its script ended: heard through the teardown (nothing samples it), for a while
+    first = prog.last()[3]
+    time.sleep(0.05)
+    assert prog.last()[3] > first >= prog.ended[3]
     assert bootstrap.start_sampler({"RANK": "0"}) is None
     assert bootstrap.start_sampler({bootstrap.BEAT_VARIABLE: "/x", "RANK": "0", "DDP_LAUNCHER_SAMPLE": "0"}) is None
 
