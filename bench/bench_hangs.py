@@ -251,20 +251,22 @@ def run_shape(shape: str, cap: float) -> dict:
             with open(path, encoding="utf-8") if os.path.exists(path) else open(os.devnull) as fh:
                 reports.append(fh.read())
         hung = [h for h in hung if h is not None]
-        named = all(shape_named(shape).match(r.splitlines()[0] if r else "") for r in reports)
-        return {"code": code, "took": ended - min(hung) if hung else None, "named": named}
+        firsts = [r.splitlines()[0] if r else "" for r in reports]
+        named = all(shape_named(shape).match(first) for first in firsts)
+        return {"code": code, "took": ended - min(hung) if hung else None, "named": named,
+                "said": "" if named else " / ".join(firsts)}
 
 
 def shapes_main(args: argparse.Namespace) -> int:
     """Each hang shape ``--rounds`` times: ended within the timeout + 15 s, named, the median end."""
     rows = []
-    for shape in ("early", "timer", "loader", "livelock", "chatty"):
+    for shape in args.only or ("early", "timer", "loader", "livelock", "chatty"):
         results = []
         for _ in range(args.rounds):
             result = run_shape(shape, args.cap)
             results.append(result)
             print(f"  {shape:8}: exit {result['code']}, {result['took'] or float('nan'):.1f} s after the hang, "
-                  f"named {result['named']}", flush=True)
+                  f"named {result['named']}{' ' + result['said'] if result['said'] else ''}", flush=True)
         good = [r for r in results if r["code"] == 124 and r["named"] and r["took"] is not None
                 and r["took"] <= TIMEOUT + BOUND]
         took = [r["took"] for r in results if r["took"] is not None and r["code"] == 124]
@@ -286,6 +288,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--learned", action="store_true", help="the learned default instead (see above)")
     parser.add_argument("--healthy", type=int, default=5, help="with --learned: healthy runs")
     parser.add_argument("--shapes", action="store_true", help="the hang shapes of hang_shapes.py (see above)")
+    parser.add_argument("--only", nargs="+", choices=["early", "timer", "loader", "livelock", "chatty"],
+                        help="with --shapes: only these shapes")
     args = parser.parse_args(argv)
     why = netns.unavailable()
     if why is not None:

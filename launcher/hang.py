@@ -104,7 +104,9 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
     """Each rank's last stack dump (its threads in the order printed) from interleaved, prefixed lines.
 
     A dump starts at a thread header; a thread id seen again, a ``Fatal Python error`` line or a
-    ``Stack`` header starts the rank's next dump. Lines that are no part of a dump are skipped.
+    ``Stack`` header starts the rank's next dump. Lines that are no part of a dump are skipped: within a dump,
+    a line that is not indented is another thread's output (a logger writes while faulthandler does); an
+    indented line that is no frame ends it.
     """
     dumps: dict[Optional[int], list[tuple[str, bool, list[Frame]]]] = {}
     reading: dict[Optional[int], bool] = {}  # the rank's last line was part of a thread's frames
@@ -128,8 +130,9 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
             if len(frames) < MAX_FRAMES:
                 number = frame.group(2)
                 frames.append(Frame(frame.group(1), int(number) if number.isdigit() else 0, frame.group(3)))
-        elif text.strip() and not text.strip().startswith("<"):
-            reading[rank] = False  # not blank, "<no Python frame>" or "<truncated rest of calls>": the dump is over
+        elif text[:1].isspace() and text.strip() and not text.strip().startswith("<"):
+            reading[rank] = False  # indented, no frame, "<no Python frame>" or "<truncated rest of calls>": the end
+        # a line that is not indented is another thread's, written while the dump was (a logger): skipped
     return {rank: [Thread(i, c, tuple(f)) for i, c, f in threads] for rank, threads in dumps.items() if threads}
 
 

@@ -395,3 +395,19 @@ def test_the_culprits_children_end_the_sentence() -> None:
     assert hang.children_clause(kids, 1) == ("; rank 1's child pid 12 at data.py:20 in __getitem__"
                                              "; rank 1's child pid 13 at data.py:20 in __getitem__")
     assert hang.children_clause(kids, None).count("; rank ") == 3 and hang.children_clause([], 1) == ""
+
+
+def test_a_line_another_thread_writes_during_the_dump_is_skipped() -> None:
+    lines = ["Thread 0x0000000000000002 (most recent call first):",
+             '  File "/usr/lib/python3.11/threading.py", line 320 in wait',
+             "INFO:chatty:chat 41",  # a logger's line, written between two of faulthandler's
+             '  File "/job/train.py", line 12 in chatter',
+             "",
+             "Current thread 0x0000000000000001 (most recent call first):",
+             "chat 42",
+             '  File "/job/train.py", line 30 in read_input',
+             '  File "/job/train.py", line 50 in <module>',
+             "  Extension modules: numpy (total: 1)"]
+    threads = hang.parse_dumps(lines, 3)[3]
+    assert [len(t.frames) for t in threads] == [2, 2]
+    assert hang.position(threads) == hang.Position("/job/train.py", 30, "read_input", "", False)
