@@ -55,6 +55,7 @@ GROUP_WAITS = frozenset({
     "_sync_module_states", "_sync_params_and_buffers"})
 DISTRIBUTED_WAITS = COLLECTIVES | GROUP_WAITS
 THREADING_BOOTSTRAP = "_bootstrap"
+SAMPLER = ("/bootstrap.py", ("_sample", "look"))  # the launcher's sampler thread (launcher/bootstrap.py)
 
 
 class Frame(NamedTuple):
@@ -146,9 +147,11 @@ def is_user_code(path: str, own: Sequence[str] = ()) -> bool:
 
 def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
     """The thread the script runs in: the one not started by ``threading`` whose outermost frame is
-    ``<module>``, else any not started by ``threading``, else the one that took the signal."""
+    ``<module>``, else any not started by ``threading``, else the one that took the signal. The launcher's
+    sampler (:data:`SAMPLER`) is never it, even when its dump was cut short (another thread wrote into it)."""
     def started_by_threading(t: Thread) -> bool:
-        return bool(t.frames) and t.frames[-1].func == THREADING_BOOTSTRAP and "threading" in t.frames[-1].file
+        return bool(t.frames) and ((t.frames[-1].func == THREADING_BOOTSTRAP and "threading" in t.frames[-1].file)
+                                   or any(f.func in SAMPLER[1] and f.file.endswith(SAMPLER[0]) for f in t.frames))
 
     mains = [t for t in threads if t.frames and not started_by_threading(t)]
     for thread in mains:

@@ -411,3 +411,14 @@ def test_a_line_another_thread_writes_during_the_dump_is_skipped() -> None:
     threads = hang.parse_dumps(lines, 3)[3]
     assert [len(t.frames) for t in threads] == [2, 2]
     assert hang.position(threads) == hang.Position("/job/train.py", 30, "read_input", "", False)
+
+
+def test_the_launchers_sampler_is_never_the_main_thread_even_cut_short() -> None:
+    lines = ["Thread 0x0000000000000002 (most recent call first):",
+             '  File "/opt/launcher/bootstrap.py", line 132 in _bytes',
+             '  File "/opt/launcher/bootstrap.py", line 160 in look',  # the rest of its dump lost
+             "",
+             "Current thread 0x0000000000000001 (most recent call first):",
+             '  File "/job/train.py", line 30 in read_input']  # cut short too: no <module>
+    threads = hang.parse_dumps(lines, 0)[0]
+    assert hang.position(threads, ("/opt/launcher/",)) == hang.Position("/job/train.py", 30, "read_input", "", False)
