@@ -55,7 +55,8 @@ GROUP_WAITS = frozenset({
     "_sync_module_states", "_sync_params_and_buffers"})
 DISTRIBUTED_WAITS = COLLECTIVES | GROUP_WAITS
 THREADING_BOOTSTRAP = "_bootstrap"
-SAMPLER = ("/bootstrap.py", ("_sample", "look"))  # the launcher's sampler thread (launcher/bootstrap.py)
+# the launcher's sampler thread: its innermost frame is in launcher/bootstrap.py, in none of the main thread's
+SAMPLER = ("/bootstrap.py", ("run", "<module>"))
 
 
 class Frame(NamedTuple):
@@ -105,9 +106,8 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
     """Each rank's last stack dump (its threads in the order printed) from interleaved, prefixed lines.
 
     A dump starts at a thread header; a thread id seen again, a ``Fatal Python error`` line or a
-    ``Stack`` header starts the rank's next dump. Lines that are no part of a dump are skipped: within a dump,
-    a line that is not indented is another thread's output (a logger writes while faulthandler does); an
-    indented line that is no frame ends it.
+    ``Stack`` header starts the rank's next dump. Lines that are no frame are skipped: before a dump, the
+    worker's output; within it, another thread's (a logger writes while faulthandler does).
     """
     dumps: dict[Optional[int], list[tuple[str, bool, list[Frame]]]] = {}
     reading: dict[Optional[int], bool] = {}  # the rank's last line was part of a thread's frames
@@ -131,9 +131,9 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
             if len(frames) < MAX_FRAMES:
                 number = frame.group(2)
                 frames.append(Frame(frame.group(1), int(number) if number.isdigit() else 0, frame.group(3)))
-        elif text[:1].isspace() and text.strip() and not text.strip().startswith("<"):
-            reading[rank] = False  # indented, no frame, "<no Python frame>" or "<truncated rest of calls>": the end
-        # a line that is not indented is another thread's, written while the dump was (a logger): skipped
+        # else: another thread's output, written while faulthandler wrote (a logger; a line cut into a frame's
+        # line), or what faulthandler adds ("<no Python frame>", "Extension modules: ..."): skipped; the worker
+        # ends with its dump, and the next dump starts at its first header
     return {rank: [Thread(i, c, tuple(f)) for i, c, f in threads] for rank, threads in dumps.items() if threads}
 
 
@@ -147,15 +147,21 @@ def is_user_code(path: str, own: Sequence[str] = ()) -> bool:
 
 def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
     """The thread the script runs in: the one not started by ``threading`` whose outermost frame is
-    ``<module>``, else any not started by ``threading``, else the one that took the signal. The launcher's
-    sampler (:data:`SAMPLER`) is never it, even when its dump was cut short (another thread wrote into it)."""
+    ``<module>``, else one not started by ``threading`` with a frame outside the standard library (the
+    script's, a package's), else any not started by ``threading``, else the one that took the signal. The
+    launcher's sampler (:data:`SAMPLER`) is never it, even when its dump was cut short (another thread
+    wrote into it, so that its outermost frames are missing)."""
     def started_by_threading(t: Thread) -> bool:
-        return bool(t.frames) and ((t.frames[-1].func == THREADING_BOOTSTRAP and "threading" in t.frames[-1].file)
-                                   or any(f.func in SAMPLER[1] and f.file.endswith(SAMPLER[0]) for f in t.frames))
+        first, last = t.frames[0], t.frames[-1]
+        return ((last.func == THREADING_BOOTSTRAP and "threading" in last.file)
+                or (first.file.endswith(SAMPLER[0]) and first.func not in SAMPLER[1]))
 
     mains = [t for t in threads if t.frames and not started_by_threading(t)]
     for thread in mains:
         if thread.frames[-1].func == "<module>":
+            return thread
+    for thread in mains:
+        if any(not _STDLIB.search(f.file) or "-packages/" in f.file for f in thread.frames):
             return thread
     if mains:
         return mains[0]

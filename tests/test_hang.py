@@ -414,9 +414,11 @@ def test_a_line_another_thread_writes_during_the_dump_is_skipped() -> None:
 
 
 def test_the_launchers_sampler_is_never_the_main_thread_even_cut_short() -> None:
-    lines = ["Thread 0x0000000000000002 (most recent call first):",
-             '  File "/opt/launcher/bootstrap.py", line 132 in _bytes',
-             '  File "/opt/launcher/bootstrap.py", line 160 in look',  # the rest of its dump lost
+    lines = ["Thread 0x0000000000000003 (most recent call first):",
+             '  File "/usr/lib/python3.11/threading.py", line 331 in wait',  # the sampler in its wait, cut short
+             "",
+             "Thread 0x0000000000000002 (most recent call first):",
+             '  File "/opt/launcher/bootstrap.py", line 200 in __new__',  # the rest of its dump lost
              "",
              "Current thread 0x0000000000000001 (most recent call first):",
              '  File "/job/train.py", line 30 in read_input']  # cut short too: no <module>
