@@ -6,7 +6,10 @@ The clock starts when this host's workers exist (the rendezvous has its own boun
 is the start's bound until the first step, then a fixed or a learned one (:mod:`launcher.hangtimeout`).
 With several hosts, node 0 decides for the job: every other launcher adds to each job-watch
 heartbeat how long ago its ranks were last heard (``age``) and last stepped (``step``), and the job is
-hung when no rank of any host progressed for the timeout in force. Then, on every host at once (node 0
+hung when no rank of any host progressed for the timeout in force, or when at least as many ranks as not
+have waited in a ``torch.distributed`` collective for the timeout and no rank beat explicitly meanwhile (the
+livelock rule: the others spin; every host adds to its heartbeats how many of its ranks wait, ``wait``, and
+its latest explicit beat, ``xb``). Then, on every host at once (node 0
 leads through the job watch's ``hang`` messages; see :class:`launcher.jobwatch.Extension`):
 
 1. ``freeze``: every launcher stops its workers (SIGSTOP) and says ``frozen``: from now on no worker can
