@@ -22,8 +22,14 @@ timeout the log states, and the time from the hang until every host ended, again
 computation, a checkpoint written in pieces, an evaluation, each of a random length up to 3 x the
 learned floor's worth) under the same learned default: every false alarm is counted.
 
+``--shapes``: the hang shapes of tests/scripts/hang_shapes.py instead (an early deadlock, a deadlock behind a
+``threading.Timer`` logger, a DataLoader worker blocked on one item, a livelock, a stuck rank whose thread
+chatters), each ``--rounds`` times on 2 hosts with ``--launcher-hang-timeout`` 10 s and no start bound given:
+per shape, how many ended with 124 within the timeout + 15 s of the hang, with the culprit named on every
+host, and the median time from the hang to the end.
+
 Usage: ``.venv/bin/python bench/bench_hangs.py [--rounds 20] [--hosts 2 4 8] [--cap 120]
-[--learned] [--healthy 5]``. Needs network namespaces; only the lab's private addresses are used.
+[--learned] [--healthy 5] [--shapes]``. Needs network namespaces; only the lab's private addresses are used.
 """
 
 from __future__ import annotations
@@ -215,6 +221,64 @@ def run_torchrun(cap: float) -> tuple[Optional[float], str]:
         return ended, " / ".join(t[0][:160] for t in tails if t)
 
 
+SHAPES_SCRIPT = os.path.join(REPO, "tests", "scripts", "hang_shapes.py")
+BOUND = 15.0  # the issue's bound past the timeout
+
+
+def shape_named(shape: str) -> re.Pattern[str]:
+    """What a report that names the shape's culprit (rank 1, algo-2) says, as a pattern."""
+    def at(mark: str) -> str:
+        with open(SHAPES_SCRIPT, encoding="utf-8") as fh:
+            return str(next(i for i, line in enumerate(fh, 1) if line.rstrip().endswith(f"# at:{mark}")))
+
+    where = {"early": f"{at('early')} in wait_for_peer", "timer": f"{at('timer')} in log_status",
+             "loader": f"{at('loader')} in loader_steps", "livelock": r"\d+ in (retry_for_ever|call_the_service)",
+             "chatty": f"{at('chatty')} in read_input"}[shape]
+    tail = rf".*; rank 1's child pid \d+ at hang_shapes\.py:{at('item')} in __getitem__" if shape == "loader" else ""
+    return re.compile(rf"hang: no progress for \d+ s; rank 1 \(algo-2\) at hang_shapes\.py:{where}{tail}")
+
+
+def run_shape(shape: str, cap: float) -> dict:
+    """One job of the shape on 2 hosts: its exit code, the time from the hang to its end, culprit named."""
+    with tempfile.TemporaryDirectory(prefix="bench-hangs-") as tmp:
+        code, ended, _log = simulate(tmp, 2, cap, SHAPES_SCRIPT,
+                                     ["--mode", shape, "--launcher-hang-timeout", f"{TIMEOUT:g}"], {})
+        hung, reports = [], []
+        for i in (1, 2):
+            with open(os.path.join(tmp, "job", f"algo-{i}", "output", "data", f"rank{i - 1}.json")) as fh:
+                hung += [json.load(fh)["hung_at"]]
+            path = os.path.join(tmp, "job", f"algo-{i}", "output", "failure")
+            with open(path, encoding="utf-8") if os.path.exists(path) else open(os.devnull) as fh:
+                reports.append(fh.read())
+        hung = [h for h in hung if h is not None]
+        firsts = [r.splitlines()[0] if r else "" for r in reports]
+        named = all(shape_named(shape).match(first) for first in firsts)
+        return {"code": code, "took": ended - min(hung) if hung else None, "named": named,
+                "said": "" if named else " / ".join(firsts)}
+
+
+def shapes_main(args: argparse.Namespace) -> int:
+    """Each hang shape ``--rounds`` times: ended within the timeout + 15 s, named, the median end."""
+    rows = []
+    for shape in args.only or ("early", "timer", "loader", "livelock", "chatty"):
+        results = []
+        for _ in range(args.rounds):
+            result = run_shape(shape, args.cap)
+            results.append(result)
+            print(f"  {shape:8}: exit {result['code']}, {result['took'] or float('nan'):.1f} s after the hang, "
+                  f"named {result['named']}{' ' + result['said'] if result['said'] else ''}", flush=True)
+        good = [r for r in results if r["code"] == 124 and r["named"] and r["took"] is not None
+                and r["took"] <= TIMEOUT + BOUND]
+        took = [r["took"] for r in results if r["took"] is not None and r["code"] == 124]
+        rows.append([shape, f"{len(good)}/{len(results)}",
+                     f"{statistics.median(took):.1f} s ({min(took):.1f}-{max(took):.1f})" if took else "-"])
+    print(f"\nhang shapes, --hang-timeout {TIMEOUT:g} s, 2 namespaced hosts of one rank; ended with 124 within "
+          f"{TIMEOUT + BOUND:g} s of the hang, the culprit named on both hosts; time from the hang to the end, "
+          "median (min-max)")
+    print(markdown_table(["shape", f"ended within {TIMEOUT + BOUND:g} s, named", "hang to the end"], rows))
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the rounds, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -223,11 +287,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--cap", type=float, default=120.0)
     parser.add_argument("--learned", action="store_true", help="the learned default instead (see above)")
     parser.add_argument("--healthy", type=int, default=5, help="with --learned: healthy runs")
+    parser.add_argument("--shapes", action="store_true", help="the hang shapes of hang_shapes.py (see above)")
+    parser.add_argument("--only", nargs="+", choices=["early", "timer", "loader", "livelock", "chatty"],
+                        help="with --shapes: only these shapes")
     args = parser.parse_args(argv)
     why = netns.unavailable()
     if why is not None:
         print(f"bench_hangs: skipped: network namespaces: {why}")
         return 0
+    if args.shapes:
+        return shapes_main(args)
     if args.learned:
         return learned_main(args)
     rows = []

@@ -23,12 +23,28 @@ An uncaught exception is printed by ``sys.excepthook`` without this file's frame
 is left to Python (the process ends by SIGINT, as it would).
 
 With hang detection on (``$DDP_LAUNCHER_PROGRESS`` names the launcher's beat socket), a daemon thread
-samples the main thread every :data:`PERIOD` s (:class:`Sampler`) and tells the launcher, at most once
-per :data:`SEND` s, that it moved (``<rank> ~moved``: its innermost frame or that frame's line changed)
-or went round a loop (``<rank> ~step``: its innermost frame in the script's own code came back to a line
-it had left). A blocked collective, a deadlock, a blocked read, a one-line endless loop and a C call
-that never returns keep one frame and line for ever: no beat. A C call that holds the GIL stops the
-sampler too: no beat, as it should be. ``DDP_LAUNCHER_SAMPLE=0`` turns the sampler off.
+samples the main thread every :data:`PERIOD` s (:class:`Sampler`). What it judges is the script's own code:
+the innermost frame of the main thread that is the script's (not the standard library, an installed package,
+torch or this file), that frame's line, and the library frame it called (the *callee*). At most once per
+:data:`SEND` s it tells the launcher what it saw since the last beat, with one word (docs/hangs.md):
+
+- ``~step``: the script's code came round a loop: back to a line it had left, or the same line called its
+  library function again (a new callee frame);
+- ``~moved``: the script's code moved: another frame or line, a new callee, or, when the script's own line
+  is the innermost frame (a C call made from it, ``.item()``, ``time.sleep``), the thread's CPU clock moved
+  since the last look; or the main thread read or wrote bytes (its ``/proc`` I/O counters: a checkpoint
+  written or loaded in one long library call). These do not depend on where a look lands: every call makes
+  a new frame, a thread that came back from a C call and went round has used CPU time, and the counters
+  only grow;
+- ``~wait``: no move, and a frame below the script's is a ``torch.distributed`` collective (:data:`WAITS`):
+  the rank waits for the others, and every rank has joined the group;
+- ``~busy``: only the library's frames moved (an import, a checkpoint load, a poll loop inside torch);
+- ``~end`` (once, from the main thread): the script has ended; the interpreter's teardown follows, during
+  which no thread samples (faulthandler is gone too: no stack could be taken).
+
+A blocked collective, a deadlock, a blocked read and a library poll loop keep the script's frame, line and
+callee for ever: no ``~moved``. A C call that holds the GIL stops the sampler too: no beat, as it should be.
+``DDP_LAUNCHER_SAMPLE=0`` turns the sampler off.
 """
 
 import contextlib
@@ -50,19 +66,35 @@ PERIOD = 0.1  # seconds between two looks at the main thread
 SEND = 1.0  # seconds at least between two beats of the sampler
 MAX_DEPTH = 64  # frames walked outward to find the script's own code
 MAX_SEEN = 4096  # lines of the script's code remembered (then forgotten, and learned again)
+# torch.distributed's collectives: a rank in one waits for the others, every rank has joined the group
+# (launcher/hang.py: COLLECTIVES)
+WAITS = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all", "all_to_all_single",
+    "barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "gather", "gather_object", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "all_reduce_coalesced"})
+_DISTRIBUTED = os.sep.join(("", "torch", "distributed", ""))
 _LIBRARY = (os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
 
 
 class Sampler:
-    """Looks at the main thread (``ident``) now and then: :meth:`look` says whether it moved or went round
-    a loop since the last look. It holds the innermost frame it saw until the next look, so that a new
-    frame is never taken for the old one (a function called again from the same line gets a new frame
-    object, which could otherwise reuse the old one's address); what that frame holds stays alive until
-    then (at most :data:`PERIOD` s)."""
+    """Looks at the main thread (``ident``) every :data:`PERIOD` s: :meth:`look` says what changed since the
+    last look, at the level of the script's own code (see the module's text). It holds the innermost frame
+    of the script's code and the library frame that frame called (the *callee*) until the next look, so
+    that a new frame is never taken for the old one (a function called again from the same line gets a new
+    frame object, which could otherwise reuse the old one's address); what they hold stays alive until then
+    (at most :data:`PERIOD` s)."""
 
-    def __init__(self, ident):
+    def __init__(self, ident, native_id=None):
         self.ident = ident
+        self.io = f"/proc/self/task/{native_id}/io" if native_id else None  # the thread's I/O counters (Linux)
+        self.moved_bytes = self._bytes()
         self.frame, self.line = None, 0  # the innermost frame at the last look, and its line
+        self.user, self.user_line, self.callee = None, 0, None  # the script's innermost frame, its line, callee
+        self.cpu = None  # the main thread's CPU clock (None: not readable here), and its last reading
+        self.spent = 0.0
+        with contextlib.suppress(AttributeError, OSError, OverflowError):
+            self.cpu = time.pthread_getcpuclockid(ident)
+            self.spent = time.clock_gettime(self.cpu)
         self.user_last = None  # (id of the code, line) of the innermost frame in the script's own code
         self.seen = set()
         self.user_code = {}  # id(code) -> whether it is the script's own code (not the library's)
@@ -78,7 +110,7 @@ class Sampler:
         holds nothing; this waits (at most ``timeout``) until the sampler's thread has let go."""
         self.exiting.set()
         self.released.wait(timeout)
-        self.frame = None
+        self.frame = self.user = self.callee = None
 
     def _is_user(self, code):
         known = self.user_code.get(id(code))
@@ -90,51 +122,119 @@ class Sampler:
             self.user_code[id(code)] = known
         return known
 
+    def _bytes(self):
+        """Bytes the main thread has read and written (``rchar`` + ``wchar``); 0 where unreadable."""
+        if self.io is None:
+            return 0
+        try:
+            with open(self.io, "rb") as fh:
+                fields = dict(line.split(b":", 1) for line in fh.read(4096).splitlines() if b":" in line)
+            return int(fields[b"rchar"]) + int(fields[b"wchar"])
+        except (OSError, KeyError, ValueError):
+            return 0
+
+    def _did_io(self):
+        """Whether the main thread read or wrote since the last look (a checkpoint write that keeps writing)."""
+        moved_bytes = self._bytes()
+        did, self.moved_bytes = moved_bytes != self.moved_bytes, moved_bytes
+        return did
+
+    def _ran(self):
+        """Whether the main thread ran on a CPU since the last look (its CPU clock moved)."""
+        if self.cpu is None:
+            return False
+        try:
+            spent = time.clock_gettime(self.cpu)
+        except OSError:  # the thread is gone
+            return True
+        ran, self.spent = spent != self.spent, spent
+        return ran
+
     def look(self):
-        """``(moved, stepped)`` since the last look. A main thread without a Python frame is finishing
-        (the interpreter's teardown, torch's own): that counts as moving, as does a script that has ended."""
+        """:class:`Look` since the last look. A main thread without a Python frame is finishing (the
+        interpreter's teardown, torch's own): that counts as moving, as does a script that has ended."""
         if self.exiting.is_set():
-            self.frame = None
+            self.frame = self.user = self.callee = None
             self.released.set()
-            return True, False
+            return Look(True, True, False, False)
         frame = sys._current_frames().get(self.ident)
         if frame is None:
-            self.frame = None
-            return True, False
-        moved = frame is not self.frame or frame.f_lineno != self.line
+            self.frame = self.user = self.callee = None
+            return Look(True, True, False, False)
+        busy = frame is not self.frame or frame.f_lineno != self.line
         self.frame, self.line = frame, frame.f_lineno
-        stepped = False
-        depth = 0
+        callee, waiting, depth = None, False, 0
         while frame is not None and depth < MAX_DEPTH and not self._is_user(frame.f_code):
-            frame, depth = frame.f_back, depth + 1
-        if moved and frame is not None and depth < MAX_DEPTH:
-            user = (id(frame.f_code), frame.f_lineno)
-            if user != self.user_last:
-                stepped = user in self.seen
-                if len(self.seen) > MAX_SEEN:
-                    self.seen.clear()
-                self.seen.add(user)
-                self.user_last = user
-        del frame
-        return moved, stepped
+            code = frame.f_code
+            waiting = waiting or (code.co_name in WAITS and _DISTRIBUTED in code.co_filename)
+            callee, frame, depth = frame, frame.f_back, depth + 1
+        if frame is None or depth >= MAX_DEPTH:  # no frame of the script's (its start, the interpreter's end)
+            self.user = self.callee = None
+            return Look(busy, busy, False, waiting)
+        moved = frame is not self.user or frame.f_lineno != self.user_line or callee is not self.callee
+        ran, did_io = self._ran(), self._did_io()
+        if not moved and callee is None:  # in the script's own line (a C call, or a loop on one line)
+            moved = ran
+        moved = moved or did_io
+        # the same line called its library function again: the loop came round
+        stepped = (frame is self.user and frame.f_lineno == self.user_line and callee is not None
+                   and self.callee is not None and callee is not self.callee)
+        user = (id(frame.f_code), frame.f_lineno)
+        if moved and user != self.user_last:
+            stepped = stepped or user in self.seen
+            if len(self.seen) > MAX_SEEN:
+                self.seen.clear()
+            self.seen.add(user)
+            self.user_last = user
+        self.user, self.user_line, self.callee = frame, frame.f_lineno, callee
+        del frame, callee
+        return Look(busy, moved, stepped, waiting and not moved)
+
+
+class Look(tuple):
+    """What one look saw: ``busy`` (the innermost frame or its line changed: the library's code counts),
+    ``moved`` (the script's own code moved: see the module's text), ``stepped`` (it came round a loop),
+    ``waiting`` (still, inside a ``torch.distributed`` function that waits for the other ranks)."""
+
+    def __new__(cls, busy, moved, stepped, waiting):
+        return super().__new__(cls, (busy, moved, stepped, waiting))
+
+    busy = property(lambda self: self[0])
+    moved = property(lambda self: self[1])
+    stepped = property(lambda self: self[2])
+    waiting = property(lambda self: self[3])
+
+
+def _word(busy, moved, stepped, waiting):
+    """The beat's word for what was seen since the last beat; None: nothing to say."""
+    if stepped:
+        return b"~step"
+    if moved:
+        return b"~moved"
+    if waiting:
+        return b"~wait"
+    return b"~busy" if busy else None
 
 
 def _sample(sampler, rank, path, stop):
-    """The sampler's thread: a beat to ``path`` when the main thread moved, at most once per :data:`SEND`;
-    until ``stop`` is set (never, in a worker: the thread ends with the interpreter)."""
+    """The sampler's thread: at most once per :data:`SEND` a beat to ``path`` saying what was seen (see
+    the module's text); until ``stop`` is set (never, in a worker: the thread ends with the interpreter)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setblocking(False)
-    moved = stepped = False
+    busy = moved = stepped = False
     sent = 0.0
     while not stop.wait(PERIOD):
         seen = sampler.look()
-        moved, stepped = moved or seen[0], stepped or seen[1]
+        busy, moved, stepped = busy or seen.busy, moved or seen.moved, stepped or seen.stepped
         now = time.monotonic()
-        if moved and now - sent >= SEND:
+        if now - sent < SEND:
+            continue
+        word = _word(busy, moved, stepped, seen.waiting)
+        if word is not None:
             with contextlib.suppress(OSError):  # nobody listens (yet, or any more), or the queue is full
-                sock.sendto(b"%d %s" % (rank, b"~step" if stepped else b"~moved"), path)
-            moved = stepped = False
+                sock.sendto(b"%d %s" % (rank, word), path)
             sent = now
+        busy = moved = stepped = False
 
 
 def start_sampler(environ, stop=None):
@@ -145,12 +245,25 @@ def start_sampler(environ, stop=None):
         return None
     if path.startswith("@"):  # a name in Linux's abstract namespace (launcher/progress.py: beat_address)
         path = "\0" + path[1:]
-    sampler = Sampler(threading.main_thread().ident)
+    main = threading.main_thread()
+    sampler = Sampler(main.ident, getattr(main, "native_id", None))
     thread = threading.Thread(target=_sample, args=(sampler, int(rank), path, stop or threading.Event()),
                               name="ddp-launcher-sampler", daemon=True)
     thread.sampler = sampler
+    thread.ended = lambda: _send(path, int(rank), b"~end")
     thread.start()
     return thread
+
+
+def _send(path, rank, word):
+    """One beat datagram (never blocks, never fails the script)."""
+    with contextlib.suppress(OSError):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        try:
+            sock.sendto(b"%d %s" % (rank, word), path)
+        finally:
+            sock.close()
 
 
 def die_with_torchrun():
@@ -251,6 +364,7 @@ def run(argv):
     finally:
         if sampling is not None:
             sampling.sampler.finish()
+            sampling.ended()
     _record(0)
 
 

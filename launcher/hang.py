@@ -67,6 +67,8 @@ BACKWARD_WAITS = frozenset({"backward", "_engine_run_backward"})  # torch/autogr
 DDP_PART = "/torch/nn/parallel/distributed.py"
 DDP_WAITS = frozenset({"_distributed_broadcast_coalesced"})
 THREADING_BOOTSTRAP = "_bootstrap"
+# the launcher's sampler thread: its innermost frame is in launcher/bootstrap.py, in none of the main thread's
+SAMPLER = ("/bootstrap.py", ("run", "<module>"))
 
 
 class Frame(NamedTuple):
@@ -116,7 +118,8 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
     """Each rank's last stack dump (its threads in the order printed) from interleaved, prefixed lines.
 
     A dump starts at a thread header; a thread id seen again, a ``Fatal Python error`` line or a
-    ``Stack`` header starts the rank's next dump. Lines that are no part of a dump are skipped.
+    ``Stack`` header starts the rank's next dump. Lines that are no frame are skipped: before a dump, the
+    worker's output; within it, another thread's (a logger writes while faulthandler does).
     """
     dumps: dict[Optional[int], list[tuple[str, bool, list[Frame]]]] = {}
     reading: dict[Optional[int], bool] = {}  # the rank's last line was part of a thread's frames
@@ -140,8 +143,9 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
             if len(frames) < MAX_FRAMES:
                 number = frame.group(2)
                 frames.append(Frame(frame.group(1), int(number) if number.isdigit() else 0, frame.group(3)))
-        elif text.strip() and not text.strip().startswith("<"):
-            reading[rank] = False  # not blank, "<no Python frame>" or "<truncated rest of calls>": the dump is over
+        # else: another thread's output, written while faulthandler wrote (a logger; a line cut into a frame's
+        # line), or what faulthandler adds ("<no Python frame>", "Extension modules: ..."): skipped; the worker
+        # ends with its dump, and the next dump starts at its first header
     return {rank: [Thread(i, c, tuple(f)) for i, c, f in threads] for rank, threads in dumps.items() if threads}
 
 
@@ -155,13 +159,21 @@ def is_user_code(path: str, own: Sequence[str] = ()) -> bool:
 
 def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
     """The thread the script runs in: the one not started by ``threading`` whose outermost frame is
-    ``<module>``, else any not started by ``threading``, else the one that took the signal."""
+    ``<module>``, else one not started by ``threading`` with a frame outside the standard library (the
+    script's, a package's), else any not started by ``threading``, else the one that took the signal. The
+    launcher's sampler (:data:`SAMPLER`) is never it, even when its dump was cut short (another thread
+    wrote into it, so that its outermost frames are missing)."""
     def started_by_threading(t: Thread) -> bool:
-        return bool(t.frames) and t.frames[-1].func == THREADING_BOOTSTRAP and "threading" in t.frames[-1].file
+        first, last = t.frames[0], t.frames[-1]
+        return ((last.func == THREADING_BOOTSTRAP and "threading" in last.file)
+                or (first.file.endswith(SAMPLER[0]) and first.func not in SAMPLER[1]))
 
     mains = [t for t in threads if t.frames and not started_by_threading(t)]
     for thread in mains:
         if thread.frames[-1].func == "<module>":
+            return thread
+    for thread in mains:
+        if any(not _STDLIB.search(f.file) or "-packages/" in f.file for f in thread.frames):
             return thread
     if mains:
         return mains[0]
@@ -312,3 +324,10 @@ def culprit_sentence(positions: Mapping[int, Position], hosts: Mapping[int, str]
     if not odd:
         parts[0] = "no rank stands out: " + parts[0]
     return "; ".join([head, *parts, *tail])
+
+
+def children_clause(kids: Sequence[tuple[int, int, Position]], culprit: Optional[int]) -> str:
+    """``; rank 1's child pid 812 at data.py:20 in __getitem__``: where the culprit's children were (its
+    DataLoader's workers), or every rank's when no rank stands out; at most three; "" when none."""
+    chosen = [k for k in kids if culprit is None or k[0] == culprit][:3]
+    return "".join(f"; rank {rank}'s child pid {pid} at {pos.where()}" for rank, pid, pos in chosen)

@@ -6,8 +6,10 @@ needs (:func:`worker_env`). Pure: the plan decides with it, :mod:`launcher.hangw
   loop the progress sampler saw come round, a line of a rank that has neither). Until then a silence is
   judged against the start bound (``--hang-start-timeout``, default :data:`START`): imports, a checkpoint
   load, a compilation may hold one frame for minutes.
-- **Fixed**: ``--hang-timeout N`` after the start (the start bound is then at least N; the start also ends
-  once the workers have run that long, stepped or not). ``0``: off.
+- **Fixed**: ``--hang-timeout N`` after the start (the start bound is then at least N). The start also ends
+  once the workers have run N s, stepped or not (a loop whose steps the sampler never sees come round would
+  otherwise keep the start's bound for ever); with ``--hang-start-timeout`` given, once they have run that long.
+  ``0``: off.
 - **Learned** (no ``--hang-timeout``): the longest gap between the job's step-like events, times
   :data:`MULTIPLE`, at least :data:`FLOOR`, at most the ceiling (:data:`CEILING_GPU` on hosts with GPUs:
   before NCCL's 600 s collective timeout; else :data:`CEILING_CPU`, gloo's 1800 s). The first
@@ -45,15 +47,18 @@ class Policy:
     """The rule: ``fixed`` (``--hang-timeout``; None: learned), the start bound, floor and ceiling."""
 
     def __init__(self, fixed: Optional[float], start: float = START, floor: float = FLOOR,
-                 ceiling: float = CEILING_CPU) -> None:
+                 ceiling: float = CEILING_CPU, start_given: bool = True) -> None:
         self.fixed, self.floor, self.ceiling = fixed, floor, max(floor, ceiling)
         self.start = max(start, fixed or 0.0)
+        # with a fixed timeout, the start ends after this long running (N, unless a start bound was given)
+        self.start_ends = self.start if start_given or fixed is None else fixed
 
     def describe(self) -> str:
         """One line for the dry run and the log: which timeout applies when, and why."""
         start = f"until the first step {self.start:g} s (--hang-start-timeout)"
         if self.fixed is not None:
-            return f"{self.fixed:g} s between progress events (--hang-timeout); {start}"
+            return (f"{self.fixed:g} s between progress events (--hang-timeout); {start}, or until the workers "
+                    f"have run {self.start_ends:g} s")
         lowered = f" (lowered by {FLOOR_ENV}: tests only)" if self.floor != FLOOR else ""
         return (f"learned: {MULTIPLE:g} x the longest gap between steps, after {WARMUP} gaps (the first {SKIP} "
                 f"not counted), at least {self.floor:g} s{lowered}, at most {self.ceiling:g} s; {start} and "
@@ -71,7 +76,7 @@ def policy(fixed: Optional[float], start: float, gpus: int, environ: Mapping[str
             floor = -1.0
         if not 0 < floor <= FLOOR:  # also refuses nan and inf
             raise ConfigError(f"{FLOOR_ENV}={text!r}: a number of seconds above 0, at most {FLOOR:g}")
-    return Policy(fixed, start, floor, CEILING_GPU if gpus else CEILING_CPU)
+    return Policy(fixed, start, floor, CEILING_GPU if gpus else CEILING_CPU, start_given=start != START)
 
 
 class Clock:
@@ -88,8 +93,8 @@ class Clock:
     def observe(self, latest_step: Optional[float], running: float = 0.0) -> None:
         """The job's latest step-like event (monotonic; None: none yet): a later one closes a gap.
         ``running``: how long the workers have run; with a fixed timeout the start ends after its bound
-        even without a step (a loop the sampler never sees come round)."""
-        if self.first_step is None and self.rule.fixed is not None and running >= self.rule.start:
+        even without a step, once the workers have run :attr:`Policy.start_ends` s."""
+        if self.first_step is None and self.rule.fixed is not None and running >= self.rule.start_ends:
             self.first_step = self.last_step = latest_step or 0.0
         if latest_step is None or (self.last_step is not None and latest_step <= self.last_step):
             return

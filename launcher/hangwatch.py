@@ -6,7 +6,10 @@ The clock starts when this host's workers exist (the rendezvous has its own boun
 is the start's bound until the first step, then a fixed or a learned one (:mod:`launcher.hangtimeout`).
 With several hosts, node 0 decides for the job: every other launcher adds to each job-watch
 heartbeat how long ago its ranks were last heard (``age``) and last stepped (``step``), and the job is
-hung when no rank of any host progressed for the timeout in force. Then, on every host at once (node 0
+hung when no rank of any host progressed for the timeout in force, or when at least as many ranks as not
+have waited in a ``torch.distributed`` collective for the timeout and no rank beat explicitly meanwhile (the
+livelock rule: the others spin; every host adds to its heartbeats how many of its ranks wait, ``wait``, and
+its latest explicit beat, ``xb``). Then, on every host at once (node 0
 leads through the job watch's ``hang`` messages; see :class:`launcher.jobwatch.Extension`):
 
 1. ``freeze``: every launcher stops its workers (SIGSTOP) and says ``frozen``: from now on no worker can
@@ -57,6 +60,7 @@ TICK = 1.0  # how often the silence is judged
 TURN = 0.2  # how often another host looks for node 0's orders
 MAX_GROUPS_BYTES = 3000  # what a ``stacks`` message carries (the job watch's lines are at most 4096 bytes)
 MAX_WHY_BYTES = 600  # ... and why ranks gave no stack, in the same line
+MAX_KIDS = 8  # ... and where the ranks' children were (a DataLoader's workers)
 # NCCL's Flight Recorder (torch >= 2.3): ring buffer of the last collectives, written out on a timeout.
 NCCL_DUMP_WAIT = 2.0  # seconds the Flight Recorder gets to write its traces
 OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the launcher's files in a worker's stack
@@ -97,10 +101,13 @@ class HangWatch:
         self._beats_note: Optional[str] = None  # the last thing said of the beat socket's file (logged once)
         self._remote: dict[int, float] = {}  # node -> when its ranks were last heard (this clock)
         self._remote_step: dict[int, float] = {}  # node -> its ranks' latest step-like event (this clock)
+        self._remote_wait: dict[int, tuple[int, float]] = {}  # node -> (its ranks waiting, since: the latest)
+        self._remote_explicit: dict[int, float] = {}  # node -> its ranks' latest explicit beat (this clock)
         self._phases: list[dict] = []  # node 0's orders not yet carried out (another host)
         self._frozen: set[int] = set()  # nodes that said frozen (node 0)
         self._stacks: dict[int, dict] = {}  # node -> its stacks message (node 0)
         self._why: dict[int, str] = {}  # rank -> why it gave no stack (this host's ranks; node 0: every host's)
+        self._kids: list[tuple[int, int, hang.Position]] = []  # (rank, pid, position) of the ranks' children
         self.thread = threading.Thread(target=self._loop, name="hang-watch", daemon=True)
         if watch is not None:
             watch.extension = self
@@ -137,8 +144,11 @@ class HangWatch:
         """Fields for this host's heartbeats: how long ago its ranks were last heard (none before they run)."""
         if self.node == 0 or self._started is None:
             return {}
-        now, step = time.monotonic(), self.progress.last_step()
-        return {"age": round(now - self._latest_local(), 3), **({"step": round(now - step, 3)} if step else {})}
+        now, step, explicit = time.monotonic(), self.progress.last_step(), self.progress.last_beat
+        waits = self.progress.waiting()
+        return {"age": round(now - self._latest_local(), 3), **({"step": round(now - step, 3)} if step else {}),
+                **({"wait": [len(waits), round(now - max(waits.values()), 3)]} if waits else {}),
+                **({"xb": round(now - explicit, 3)} if explicit is not None else {})}
 
     def on_message(self, node: int, host: str, message: dict) -> None:
         """A heartbeat's ``age`` (node 0), or a ``hang`` message; a malformed one raises (the watch drops it)."""
@@ -152,6 +162,11 @@ class HangWatch:
                 step = float(message.get("step", -1))
                 if 0 <= step < 10 * 86400:
                     self._remote_step[node] = now - step
+                count, waited = message.get("wait", [0, 0.0])
+                self._remote_wait[node] = (min(int(count), 4096), now - min(max(float(waited), 0.0), 10 * 86400))
+                explicit = float(message.get("xb", -1))
+                if 0 <= explicit < 10 * 86400:
+                    self._remote_explicit[node] = now - explicit
             elif kind == "hang" and self.node == 0:
                 phase = str(message["phase"])
                 if phase == "frozen":
@@ -159,7 +174,8 @@ class HangWatch:
                 elif phase == "stacks":
                     self._stacks[node] = {"host": host, "ranks": [int(r) for r in message["ranks"]][:4096],
                                           "groups": _read_groups(message["groups"]),
-                                          "why": _read_why(message.get("why", []))}
+                                          "why": _read_why(message.get("why", [])),
+                                          "kids": _read_kids(message.get("kids", []))}
                 self.changed.notify_all()
             elif kind == "hang" and node == 0 and self.node != 0:
                 self._phases.append(message)
@@ -208,9 +224,37 @@ class HangWatch:
                          if s is not None and s >= self._started]
             self.clock.observe(max(steps, default=None), now - self._started)
             self.timeout, self.why = self.clock.timeout()
-            if now - latest >= self.timeout and not self._closing.is_set():
+            if self._closing.is_set():
+                continue
+            if now - latest >= self.timeout:
                 self._lead(now - latest, workers)
                 return
+            waited = self._waited(now)
+            if waited is not None and waited[0] >= self.timeout:
+                self._lead(waited[0], workers, waited[1])
+                return
+
+    def _waited(self, now: float) -> Optional[tuple[float, str]]:
+        """The livelock rule (docs/hangs.md): most ranks wait in ``torch.distributed`` for the others and
+        the rest never join. When at least as many ranks wait as do not, and none beat explicitly meanwhile:
+        how long the last of them has waited, and a phrase for the log; else None."""
+        with self.lock:
+            nodes = self._running_nodes() | {0}
+            waits = [(n, since) for node, (n, since) in self._remote_wait.items() if node in nodes and n]
+            explicit = [t for node, t in self._remote_explicit.items() if node in nodes]
+        local = self.progress.waiting()
+        if local:
+            waits.append((len(local), max(local.values())))
+        count, total = sum(n for n, _ in waits), len(self.hosts) * len(nodes)
+        free = total - count
+        if not waits or free < 1 or count < free:
+            return None
+        since = max([since for _, since in waits] + [self._started or now])
+        if self.progress.last_beat is not None:
+            explicit.append(self.progress.last_beat)
+        since = max([since, *explicit])
+        return now - since, (f"{count} of {total} ranks waited in torch.distributed for the others for "
+                             f"{now - since:.0f} s; {free} never joined")
 
     def _keep_beats(self) -> None:
         """Bind the beat socket again if its file is gone (:meth:`BeatSocket.rebind_if_gone`): the workers'
@@ -231,10 +275,10 @@ class HangWatch:
                 self.log(f"straggler: rank {rank}{f' ({host})' if host else ''} silent for {silent:.0f} s "
                          f"while other ranks progress (hang timeout {self.timeout:g} s)")
 
-    def _lead(self, silent: float, workers: Sequence[int]) -> None:
+    def _lead(self, silent: float, workers: Sequence[int], because: str = "") -> None:
         """Node 0 (or a single host): freeze, dump, read, name the culprit, tell everyone, stop."""
         others = self._running_nodes()
-        self.log(f"hang: no rank progressed for {silent:.0f} s; hang timeout {self.why}: asking "
+        self.log(f"hang: {because or f'no rank progressed for {silent:.0f} s'}; hang timeout {self.why}: asking "
                  f"every worker{f' of {len(others) + 1} hosts' if others else ''} for the Python stacks of "
                  "all its threads")
         if others:
@@ -250,8 +294,10 @@ class HangWatch:
         hosts = dict(self.hosts)
         expected = set(self.hosts)
         why = dict(self._why)
+        kids = list(self._kids)
         with self.lock:
             for reply in self._stacks.values():
+                kids += reply["kids"]
                 expected |= set(reply["ranks"])
                 hosts.update({rank: reply["host"] for rank in reply["ranks"]})
                 why.update(reply["why"])
@@ -262,6 +308,7 @@ class HangWatch:
         expected |= unanswered
         sentence = hang.culprit_sentence(positions, hosts, silent, expected, why)
         rank = hang.culprit_rank(positions, expected)
+        sentence += hang.children_clause(kids, rank)
         self.culprit = (rank, hosts.get(rank) if rank is not None else None)
         if others:
             self._post({"phase": "verdict", "text": sentence, "rank": rank, "host": self.culprit[1]})
@@ -289,7 +336,7 @@ class HangWatch:
                 ranks = sorted(self.hosts)
                 positions = self._dump(self._workers())
                 self._post({"phase": "stacks", "ranks": ranks, "groups": _write_groups(positions),
-                            "why": _write_why(self._why)})
+                            "why": _write_why(self._why), "kids": _write_kids(self._kids)})
             elif phase == "verdict":
                 rank, host = message.get("rank"), message.get("host")
                 self.culprit = (rank if isinstance(rank, int) else None, str(host)[:100] if host else None)
@@ -309,12 +356,16 @@ class HangWatch:
             dumps = {**self._wait_for_dumps(len(workers)), **dumps}
         positions = {rank: pos for rank, threads in dumps.items() if rank is not None
                      for pos in [hang.position(threads, (OWN_DIR,))] if pos is not None}
+        self._kids = [(rank, pid, pos) for rank, kids in sorted(taken.children.items()) for pid, threads in kids
+                      for pos in [hang.position(threads, (OWN_DIR,))] if pos is not None]
         self._why = {rank: why for rank, why in taken.why.items() if rank not in positions}
         self._why.update({rank: "" for rank in self.hosts if rank not in positions and rank not in self._why})
         self.details = [f"rank {rank} ({self.hosts.get(rank, '?')}): " + (
             f"{positions[rank].where()}" + (f", in {positions[rank].call}" if positions[rank].call else "")
             if rank in positions else "no stack" + (f" ({self._why[rank]})" if self._why[rank] else ""))
             for rank in sorted({*positions, *self._why})]
+        self.details += [f"rank {rank} ({self.hosts.get(rank, '?')}), its child pid {pid}: {pos.where()}"
+                         + (f", in {pos.call}" if pos.call else "") for rank, pid, pos in self._kids]
         return dict(positions)
 
     def _nccl_dumps(self) -> None:
@@ -399,6 +450,19 @@ def _write_why(why: Mapping[int, str]) -> list[list[Any]]:
             break
         out.append([reason, ranks])
     return out
+
+
+def _write_kids(kids: Sequence[tuple[int, int, hang.Position]]) -> list[list[Any]]:
+    """The ranks' children's positions as ``[[rank, pid, file, line, func], ...]``: at most :data:`MAX_KIDS`."""
+    return [[rank, pid, pos.file[-200:], pos.line, pos.func[:100]] for rank, pid, pos in kids[:MAX_KIDS]]
+
+
+def _read_kids(items: object) -> list[tuple[int, int, hang.Position]]:
+    """The inverse of :func:`_write_kids`, from another host: raises on a malformed value."""
+    if not isinstance(items, list):
+        raise ValueError("kids")
+    return [(int(rank), int(pid), hang.Position(str(file)[:200], int(line), str(func)[:100], "", False))
+            for rank, pid, file, line, func in items[:MAX_KIDS]]
 
 
 def _read_why(items: object) -> dict[int, str]:

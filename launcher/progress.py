@@ -16,9 +16,13 @@
   socket has a name in Linux's abstract namespace instead, written ``@name`` (a variable cannot hold the NUL
   byte it starts with): :func:`socket_address` gives what to send to.
 - Sampled: without the script's help, :mod:`launcher.bootstrap` samples each rank's main thread and
-  sends a beat with a word of :data:`SAMPLED` when it moved (``~moved``) or went round a loop (``~step``).
+  sends a beat with a word of :data:`SAMPLED`: its code went round a loop (``~step``), moved (``~moved``),
+  only the library's frames moved (``~busy``), or it waits for the other ranks in ``torch.distributed``
+  (``~wait``: no progress; :meth:`Progress.waiting`).
 
-Every kind makes a rank heard (its silence ends); a step-like kind (an explicit beat, a sampled
+A rank whose script ended (``~end``) is heard through its teardown (at most :data:`TEARDOWN` s). Every
+kind but ``~wait`` makes a rank heard (its silence ends), ``~busy`` only until the rank first stepped
+(a poll loop inside torch is no progress); a step-like kind (an explicit beat, a sampled
 ``~step``, a line) also marks its step, which the learned timeout learns from
 (:mod:`launcher.hangtimeout`). A rank's lines count only until it beats or is sampled: a thread that
 prints proves nothing about the training loop.
@@ -40,7 +44,9 @@ from typing import Optional
 BEAT_ENV = "DDP_LAUNCHER_PROGRESS"
 BEAT_SOCKET = "progress.sock"
 MAX_SOCKET_PATH = 107  # bytes of a UNIX socket's path (sun_path holds 108, with the closing NUL)
-SAMPLED = (b"~moved", b"~step")  # the words of the bootstrap's sampler (see launcher/bootstrap.py)
+SAMPLED = (b"~moved", b"~step", b"~busy", b"~wait", b"~end")  # the bootstrap's sampler's words (launcher/bootstrap.py)
+TEARDOWN = 60.0  # seconds a rank whose script ended counts as heard: the interpreter's teardown, under load
+WAIT_FRESH = 3.0  # seconds a rank's last ``~wait`` holds: its sampler says it again every second while it waits
 MAX_BEAT = 64  # bytes of a beat datagram that are read: the rank, then an optional word
 CAPTURE_LIMIT = 16 * 1024 * 1024  # bytes of stack dumps kept after a hang (a few MB for hundreds of threads)
 _RANK_LINE = re.compile(rb"^\[rank(\d{1,7})\]:", re.MULTILINE)
@@ -54,10 +60,14 @@ class Progress:
         self.heard: dict[int, float] = {}
         self.stepped: dict[int, float] = {}  # rank -> its latest step-like event
         self.beating: set[int] = set()  # ranks that beat or are sampled: their lines no longer count
+        self.ended: dict[int, float] = {}  # rank -> when its script ended (``~end``): the teardown is no silence
+        self.came_round: set[int] = set()  # ranks that stepped (sampled or explicit): their ``~busy`` no longer counts
+        self.waits: dict[int, tuple[float, float]] = {}  # rank -> (since, last ``~wait``): waiting for the others
         self.beats = 0
         self.first_beat: Optional[float] = None  # when the first beat came (monotonic): a first step
         self.steps = 0  # step-like beats: explicit ones and the sampler's ``~step`` (a restart's progress)
         self.first_step: Optional[float] = None  # when the first of them came (monotonic)
+        self.last_beat: Optional[float] = None  # when the latest explicit beat came (monotonic)
         self.captured: Optional[bytearray] = None
 
     def feed(self, chunk: bytes, stderr: bool = False) -> None:
@@ -73,25 +83,47 @@ class Progress:
                 self.captured += chunk[:CAPTURE_LIMIT - len(self.captured)]
 
     def beat(self, rank: int, word: bytes = b"") -> None:
-        """A rank's beat: explicit (any ``word`` but the sampler's) or sampled (:data:`SAMPLED`)."""
+        """A rank's beat: explicit (any ``word`` but the sampler's) or sampled (:data:`SAMPLED`). ``~wait``
+        makes no rank heard (it notes since when the rank waits for the others); ``~busy`` (the library's
+        frames moved, the script's did not) makes it heard only until it first stepped."""
         now = time.monotonic()
         with self.lock:
-            self.heard[rank] = now
             self.beating.add(rank)
-            if word != SAMPLED[0]:
-                self.stepped[rank] = now
-                self.steps += 1
-                if self.first_step is None:
-                    self.first_step = now
+            if word == b"~wait":
+                self.waits[rank] = (self.waits[rank][0] if rank in self.waits else now, now)
+                return
+            self.waits.pop(rank, None)
+            if word == b"~end":
+                self.ended[rank] = now
+            if word == b"~busy" and rank in self.came_round:
+                return
+            self.heard[rank] = now
+            if word in (b"~moved", b"~busy", b"~end"):
+                return
+            self.stepped[rank] = now
+            self.came_round.add(rank)
+            self.steps += 1
+            if self.first_step is None:
+                self.first_step = now
             if word not in SAMPLED:
                 self.beats += 1
+                self.last_beat = now
                 if self.first_beat is None:
                     self.first_beat = now
 
-    def last(self) -> dict[int, float]:
-        """A copy of rank -> when last heard (monotonic)."""
+    def waiting(self) -> dict[int, float]:
+        """rank -> since when it waits for the others in ``torch.distributed`` (monotonic), for the ranks
+        whose sampler said so in the last :data:`WAIT_FRESH` s."""
+        now = time.monotonic()
         with self.lock:
-            return dict(self.heard)
+            return {rank: since for rank, (since, last) in self.waits.items() if now - last <= WAIT_FRESH}
+
+    def last(self) -> dict[int, float]:
+        """A copy of rank -> when last heard (monotonic); for a rank whose script ended, now, for at most
+        :data:`TEARDOWN` s (the interpreter's teardown, when nothing samples)."""
+        now = time.monotonic()
+        with self.lock:
+            return {**self.heard, **{rank: min(now, when + TEARDOWN) for rank, when in self.ended.items()}}
 
     def last_step(self) -> Optional[float]:
         """When any rank's latest step-like event came (monotonic); None before the first."""

@@ -14,7 +14,9 @@ ended (its dump is whole), when it ignores the signal (``SigIgn``), or when the 
 every thread of it has slept for :data:`SETTLE` seconds with its file unchanged: a Python-level handler
 took the signal and no dump will come. The wait ends when every worker is done, at most ``bound`` seconds.
 A worker whose stderr is no regular file (or whose ``/proc`` entry cannot be read) is left to the output
-that torchrun copies to the launcher (``unread``).
+that torchrun copies to the launcher (``unread``). Before the workers, their children that write to the same
+file (a DataLoader's workers: they inherit faulthandler and the descriptor) dump the same way, one child per
+file at a time, so that a hang inside a loader's worker shows the dataset's line.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ STACK_SIGNAL = signal.SIGABRT
 SETTLE = 1.0  # seconds a worker that took the signal sleeps, its file unchanged, before no dump is expected
 POLL = 0.05  # seconds between looks at the workers
 MAX_DUMP_BYTES = 4 * 1024 * 1024  # of a worker's file after its offset (faulthandler: 100 threads x 100 frames)
+MAX_CHILDREN = 4  # children of one worker whose stacks are taken
 IGNORED = "SIGABRT ignored"
 CAUGHT = "SIGABRT caught, no dump"
 
@@ -47,11 +50,13 @@ class Worker(NamedTuple):
 
 
 class Taken(NamedTuple):
-    """What :func:`take` found: each rank's dump, why a rank gave none, the workers left to the output pipe."""
+    """What :func:`take` found: each rank's dump, why a rank gave none, the workers left to the output pipe,
+    and each rank's children's dumps (pid, threads), e.g. its DataLoader workers'."""
 
     dumps: dict[int, list[hang.Thread]]
     why: dict[int, str]
     unread: list[int]
+    children: dict[int, list[tuple[int, list[hang.Thread]]]]
 
 
 def describe(pid: int) -> Worker:
@@ -179,9 +184,45 @@ def _hold(pid: int, timeout: float = 1.0) -> None:
         time.sleep(0.005)
 
 
+def _children(workers: Sequence[Worker]) -> list[list[Worker]]:
+    """Each worker's children that write to its stderr file (a DataLoader's workers, forked or spawned), at
+    most :data:`MAX_CHILDREN` each, in rounds: the i-th child of every worker (one file, one writer at a time)."""
+    rounds: list[list[Worker]] = []
+    for worker in workers:
+        if worker.path is None or worker.rank is None:
+            continue
+        kids = [describe(pid) for pid in proctree.children_of(worker.pid)]
+        kids = [kid._replace(rank=worker.rank) for kid in kids if kid.path == worker.path][:MAX_CHILDREN]
+        for i, kid in enumerate(kids):
+            if len(rounds) <= i:
+                rounds.append([])
+            rounds[i].append(kid)
+    return rounds
+
+
+def _dump_children(workers: Sequence[Worker], bound: float) -> dict[int, list[tuple[int, list[hang.Thread]]]]:
+    """Dump the workers' children (:func:`_children`) before the workers: rank -> [(pid, threads)]. Each round
+    of children gets at most ``bound`` s; a child that gives no dump is left out."""
+    found: dict[int, list[tuple[int, list[hang.Thread]]]] = {}
+    deadline = time.monotonic() + bound
+    for kids in _children(workers):
+        kids = [describe(kid.pid)._replace(rank=kid.rank) for kid in kids]  # the file as it is now
+        pids = [kid.pid for kid in kids]
+        signal_workers(pids, STACK_SIGNAL)
+        signal_workers(pids, signal.SIGCONT)
+        wait_done(kids, max(0.5, min(bound / 2, deadline - time.monotonic())))
+        for kid in kids:
+            threads = read_dump(kid)
+            if threads and kid.rank is not None:
+                found.setdefault(kid.rank, []).append((kid.pid, threads))
+    return found
+
+
 def take(pids: Sequence[int], parent: Optional[int], bound: float) -> Taken:
-    """Dump the (frozen) workers ``pids``: SIGABRT pending, then SIGCONT; torchrun (``parent``) stopped
-    meanwhile when every worker's stderr is a file; wait (:func:`wait_done`) and read each dump."""
+    """Dump the (frozen) workers ``pids``: first their children (:func:`_dump_children`), then SIGABRT
+    pending, then SIGCONT; torchrun (``parent``) stopped meanwhile when every worker's stderr is a file;
+    wait (:func:`wait_done`) and read each dump."""
+    children = _dump_children([describe(pid) for pid in pids], bound / 2)
     workers = [describe(pid) for pid in pids]
     readable = [w for w in workers if w.rank is not None and w.path is not None]
     unread = [w.pid for w in workers if w not in readable]
@@ -203,4 +244,4 @@ def take(pids: Sequence[int], parent: Optional[int], bound: float) -> Taken:
             dumps[rank] = threads
         else:
             why[rank] = why_pid.get(worker.pid, "ended without a dump")
-    return Taken(dumps, why, unread)
+    return Taken(dumps, why, unread, children)

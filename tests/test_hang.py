@@ -381,3 +381,46 @@ def test_why_ranks_gave_no_stack_travels_bounded(why: dict[int, str]) -> None:
     assert all(why[rank][:60] == reason for rank, reason in back.items())
     if len(json.dumps([[r[:60], list(range(len(why)))] for r in set(why.values())])) < hangwatch.MAX_WHY_BYTES // 2:
         assert set(back) == set(why)  # little to say: every rank arrives
+
+
+def test_the_samplers_collectives_are_the_verdicts() -> None:
+    from launcher import bootstrap
+
+    assert bootstrap.WAITS == hang.COLLECTIVES  # bootstrap imports nothing from the launcher: a copy, kept equal
+
+
+def test_the_culprits_children_end_the_sentence() -> None:
+    kid = hang.Position("/job/data.py", 20, "__getitem__", "", False)
+    kids = [(0, 11, kid._replace(line=5)), (1, 12, kid), (1, 13, kid)]
+    assert hang.children_clause(kids, 1) == ("; rank 1's child pid 12 at data.py:20 in __getitem__"
+                                             "; rank 1's child pid 13 at data.py:20 in __getitem__")
+    assert hang.children_clause(kids, None).count("; rank ") == 3 and hang.children_clause([], 1) == ""
+
+
+def test_a_line_another_thread_writes_during_the_dump_is_skipped() -> None:
+    lines = ["Thread 0x0000000000000002 (most recent call first):",
+             '  File "/usr/lib/python3.11/threading.py", line 320 in wait',
+             "INFO:chatty:chat 41",  # a logger's line, written between two of faulthandler's
+             '  File "/job/train.py", line 12 in chatter',
+             "",
+             "Current thread 0x0000000000000001 (most recent call first):",
+             "chat 42",
+             '  File "/job/train.py", line 30 in read_input',
+             '  File "/job/train.py", line 50 in <module>',
+             "  Extension modules: numpy (total: 1)"]
+    threads = hang.parse_dumps(lines, 3)[3]
+    assert [len(t.frames) for t in threads] == [2, 2]
+    assert hang.position(threads) == hang.Position("/job/train.py", 30, "read_input", "", False)
+
+
+def test_the_launchers_sampler_is_never_the_main_thread_even_cut_short() -> None:
+    lines = ["Thread 0x0000000000000003 (most recent call first):",
+             '  File "/usr/lib/python3.11/threading.py", line 331 in wait',  # the sampler in its wait, cut short
+             "",
+             "Thread 0x0000000000000002 (most recent call first):",
+             '  File "/opt/launcher/bootstrap.py", line 200 in __new__',  # the rest of its dump lost
+             "",
+             "Current thread 0x0000000000000001 (most recent call first):",
+             '  File "/job/train.py", line 30 in read_input']  # cut short too: no <module>
+    threads = hang.parse_dumps(lines, 0)[0]
+    assert hang.position(threads, ("/opt/launcher/",)) == hang.Position("/job/train.py", 30, "read_input", "", False)

@@ -19,6 +19,7 @@ Every process started here is ended by PID and proved gone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -47,11 +48,19 @@ WORKER = textwrap.dedent("""
     def spin():
         count = 0
         while count >= 0: count += 1  # at:spin
+    def kid():
+        os.read(os.pipe()[0], 1)  # at:kid
+    if mode == "child":  # a child that writes to the same stderr file (a DataLoader's worker)
+        pid = os.fork()
+        if pid == 0:
+            kid()
+        with open(sys.argv[2] + ".kid", "w") as fh:
+            fh.write(str(pid))
     open(sys.argv[2], "w").close()
     spin() if mode == "spin" else blocked()
 """)
 LINES = {mark: next(i for i, line in enumerate(WORKER.splitlines(), 1) if line.endswith(f"# at:{mark}"))
-         for mark in ("read", "spin")}
+         for mark in ("read", "spin", "kid")}
 BOUND = 60.0  # stacks.take's bound here: generous, as the hang watch's (a loaded host); the test ends far sooner
 
 
@@ -118,6 +127,25 @@ def test_each_dump_is_read_from_its_own_file_and_silent_workers_are_named(tmp_pa
     assert taken.why == {2: stacks.IGNORED, 3: stacks.CAUGHT}
     assert procs[0].returncode == -signal.SIGABRT and procs[2].returncode == -signal.SIGKILL  # 2 lived on
     assert took < BOUND  # the silent ones were recognised, not waited out
+
+
+def test_a_workers_child_dumps_into_the_same_file_first_and_both_are_read(tmp_path: Any) -> None:
+    kid = 0
+    try:
+        taken, procs, _ = take_from(tmp_path, {0: "read", 1: "child"})
+        kid = int((tmp_path / "ready1.kid").read_text())
+        assert sorted(taken.dumps) == [0, 1] and taken.why == {}
+        for rank in (0, 1):
+            pos = hang.position(taken.dumps[rank])
+            assert pos is not None and pos.line == LINES["read"], (rank, taken.dumps[rank])
+        assert list(taken.children) == [1] and [pid for pid, _ in taken.children[1]] == [kid]
+        pos = hang.position(taken.children[1][0][1])
+        assert pos is not None and pos.line == LINES["kid"] and pos.func == "kid", taken.children
+    finally:
+        if kid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(kid, signal.SIGKILL)
+            assert_gone([kid])
 
 
 def test_a_worker_whose_stderr_is_no_file_is_left_to_the_output_pipe(tmp_path: Any) -> None:
