@@ -35,6 +35,7 @@ from conftest import PYTHON, REPO
 from test_shipping import dist, stock  # noqa: F401 (the fixtures: the built pyz and wheel, the stock Pythons)
 
 from launcher.options import parse_invocation
+from launcher.simulate import config as simulate_config
 from launcher.simulate.hosts import pbs as simulated_pbs
 
 DOCS = ["README.md", *sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md"))),
@@ -126,6 +127,8 @@ RUN = {
     ("docs/recovery.md", "ddp-launcher --max-restarts 3"): "test_options_and_recovery_blocks_resolve",
     ("docs/hangs.md", "beat = socket.socket"): "test_the_progress_beat_snippet_sends_the_rank",
     ("docs/failures.md", "{\"schema\""): "test_the_documented_outcome_file_meets_the_schema",
+    ("docs/simulate.md", "python -m launcher simulate --hosts 2 -- train_scripts/train_digits.py"):
+        "test_the_simulate_answer_is_two_hosts_and_a_lost_one",
 }
 
 
@@ -501,6 +504,21 @@ def test_the_documented_outcome_file_meets_the_schema():
     with open(os.path.join(REPO, "docs", "outcome.schema.json"), encoding="utf-8") as fh:
         schema = json.load(fh)
     jsonschema.validate(json.loads(block("docs/failures.md", "{\"schema\"").text), schema)
+
+
+def test_the_simulate_answer_is_two_hosts_and_a_lost_one():
+    """simulate.md's two lines, checked as simulate checks them before any host starts (nothing starts: the
+    jobs themselves are tests/test_simulate.py's): 2 SageMaker hosts, then algo-2 SIGKILLed after 15 s."""
+    lines = block("docs/simulate.md", "python -m launcher simulate --hosts 2 -- train_scripts").text.split("\n")
+    configs = []
+    for line in lines:
+        words = shlex.split(line)
+        assert words[:4] == ["python", "-m", "launcher", "simulate"], line
+        configs.append(simulate_config.build_config(words[4:], REPO))
+    hosts = ["algo-1", "algo-2"]
+    assert [(c.platform, list(c.hosts), os.path.basename(c.script)) for c in configs] == \
+        [("sagemaker", hosts, "train_digits.py")] * 2
+    assert [c.faults for c in configs] == [(), (simulate_config.parse_fault("algo-2:SIGKILL:15", hosts),)]
 
 
 def test_the_python_of_the_tests_is_not_the_stock_one(stock):  # noqa: F811
