@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 VENV_V3  ?= .venv-v3
 STAMP_V3 := $(VENV_V3)/.installed
 
-.PHONY: demo test test-fast lint bench clean slurm-packages dist
+.PHONY: demo test test-fast lint bench clean slurm-packages dist venv venv-v3
 
 $(STAMP): requirements.txt setup.cfg pyproject.toml
 	@$(CHECK_PYTHON)
@@ -32,6 +32,10 @@ $(STAMP_V3): requirements-v3.txt
 	$(VENV_V3)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV_V3)/bin/python -m pip install --quiet -r requirements-v3.txt
 	touch $(STAMP_V3)
+
+# The environments alone (the notebooks' kernels): .venv (SDK 2.x, torch) and .venv-v3 (SDK 3.x).
+venv: $(STAMP)
+venv-v3: $(STAMP_V3)
 
 demo: $(STAMP)
 	rm -rf runs/demo

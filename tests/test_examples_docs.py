@@ -9,8 +9,9 @@ Where a block's point is the command the launcher resolves, it runs with ``LAUNC
 as JSON, nothing starts) in the environment the platform gives: the stock image's Python (torch only, from
 tests/test_shipping.py) with the zipapp, or the installed wheel's ``ddp-launcher``; ``srun`` and ``pbsdsh``
 stand-ins that run the task here as those tools do (``pbsdsh`` in the home directory: PBS starts each
-task there). ``make dist`` lines are the Makefile's recipe, which the ``dist`` fixture runs on a copy of
-the sources (:func:`test_make_dist_is_the_dist_fixtures_recipe`).
+task there). The users' recipes (``python3 -m launcher zipapp``, ``bundle``) run in a checkout, the
+stock Python's where they say that no install is needed; ``make dist`` is the Makefile's recipe, which
+the ``dist`` fixture runs on a copy of the sources (:func:`test_make_dist_is_the_dist_fixtures_recipe`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import zipfile
@@ -33,6 +35,7 @@ from conftest import PYTHON, REPO
 from test_shipping import dist, stock  # noqa: F401 (the fixtures: the built pyz and wheel, the stock Pythons)
 
 from launcher.options import parse_invocation
+from launcher.simulate import config as simulate_config
 from launcher.simulate.hosts import pbs as simulated_pbs
 
 DOCS = ["README.md", *sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md"))),
@@ -91,19 +94,30 @@ RUN = {
     ("README.md", "pbsdsh -u --"): "test_pbs_blocks_run_in_the_submission_directory",
     ("README.md", "MASTER_ADDR=node0"): "test_env_blocks_resolve_each_node",
     ("docs/platforms/env.md", "MASTER_ADDR=node0"): "test_env_blocks_resolve_each_node",
-    ("docs/platforms/slurm.md", "#!/bin/bash"): "test_slurm_blocks_resolve_the_nodes_and_gpus_they_ask_for",
+    ("docs/platforms/slurm.md", "#!/bin/bash\n#SBATCH --job-name=ddp-train"):
+        "test_slurm_blocks_resolve_the_nodes_and_gpus_they_ask_for",
+    ("docs/platforms/slurm.md", "#!/bin/bash\n#SBATCH --job-name=ddp-stock"):
+        "test_the_stock_python_builds_the_zipapp_in_a_checkout_and_runs_it",
+    ("docs/platforms/slurm.md", "python3 -m launcher zipapp --out ~/ddp-launcher.pyz"):
+        "test_the_stock_python_builds_the_zipapp_in_a_checkout_and_runs_it",
+    ("docs/install.md", "python3 -m launcher zipapp --out ddp-launcher.pyz   # in a checkout: any"):
+        "test_the_stock_python_builds_the_zipapp_in_a_checkout_and_runs_it",
+    ("docs/platforms/sagemaker.md", "ddp-launcher bundle --out build/bundle"):
+        "test_the_sagemaker_check_plans_4_processes_on_each_of_2_hosts",
+    ("docs/hangs.md", "ddp-launcher --dry-run train.py"): "test_the_answer_dry_runs_state_the_rule_they_ask_for",
+    ("docs/recovery.md", "ddp-launcher --dry-run --max-restarts 3"):
+        "test_the_answer_dry_runs_state_the_rule_they_ask_for",
     ("docs/platforms/slurm.md", "srun --ntasks-per-node=1 bash -c"):
         "test_slurm_blocks_resolve_the_nodes_and_gpus_they_ask_for",
     ("docs/platforms/pbs.md", "#!/bin/bash"): "test_pbs_blocks_run_in_the_submission_directory",
     ("docs/platforms/kubernetes.md", "apiVersion: kubeflow.org/v1"):
         "test_kubernetes_blocks_run_the_zipapp_in_the_stock_image",
     ("docs/install.md", "containers:"): "test_kubernetes_blocks_run_the_zipapp_in_the_stock_image",
-    ("docs/install.md", "ddp-launcher zipapp"): "test_install_zipapp_block_writes_a_runnable_pyz",
     ("docs/install.md", "\"pythonPackageSpec\""): "test_vertex_blocks_run_the_installed_package",
     ("docs/platforms/vertex.md", "{\"displayName\""): "test_vertex_blocks_run_the_installed_package",
-    ("docs/install.md", "make dist\npython dist/ddp-launcher.pyz bundle"): "test_oci_blocks_run_the_artifact",
+    ("docs/install.md", "python3 -m launcher bundle train_scripts/train_digits.py"): "test_oci_blocks_run_the_artifact",
     ("docs/platforms/oci.md", "\"jobConfigurationDetails\""): "test_oci_blocks_run_the_artifact",
-    ("docs/install.md", "make dist                      # in a checkout"):
+    ("docs/install.md", "python3 -m launcher zipapp --out ddp-launcher.pyz     # in a checkout on the shared"):
         "test_slurm_blocks_resolve_the_nodes_and_gpus_they_ask_for",
     ("docs/install.md", "ddp-launcher bundle train_scripts/train_resnet.py"): "test_bundle_blocks_write_the_bundle",
     ("docs/install.md", "from launcher.platforms.sagemaker.bundle import stage_bundle"):
@@ -113,6 +127,8 @@ RUN = {
     ("docs/recovery.md", "ddp-launcher --max-restarts 3"): "test_options_and_recovery_blocks_resolve",
     ("docs/hangs.md", "beat = socket.socket"): "test_the_progress_beat_snippet_sends_the_rank",
     ("docs/failures.md", "{\"schema\""): "test_the_documented_outcome_file_meets_the_schema",
+    ("docs/simulate.md", "python -m launcher simulate --hosts 2 -- train_scripts/train_digits.py"):
+        "test_the_simulate_answer_is_two_hosts_and_a_lost_one",
 }
 
 
@@ -196,21 +212,15 @@ def run_bash(text: str, env: dict[str, str], cwd) -> list[dict]:
     return plans_of(proc.stdout)
 
 
-def without_make_dist(text: str) -> str:
-    """The block after its ``make dist`` line (its output, dist/, is there: the ``dist`` fixture's)."""
-    lines = text.split("\n")
-    assert lines[0].split("#")[0].strip() == "make dist"
-    return "\n".join(lines[1:])
-
-
 def checkout(tmp_path, dist) -> str:  # noqa: F811
-    """A checkout after ``make dist``: dist/ holds the pyz, the wheel and the sdist; train_scripts/ and a
-    train.py (the user's script)."""
+    """A checkout after ``make dist``: launcher/, dist/ with the pyz, the wheel and the sdist; train_scripts/
+    and a train.py (the user's script)."""
     root = tmp_path / "checkout"
     (root / "dist").mkdir(parents=True)
     for name in ("pyz", "wheel", "sdist"):
         os.symlink(dist[name], root / "dist" / os.path.basename(dist[name]))
     os.symlink(os.path.join(REPO, "train_scripts"), root / "train_scripts")
+    shutil.copytree(os.path.join(REPO, "launcher"), root / "launcher", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "train.py").write_text("import torch\n")
     return str(root)
 
@@ -236,11 +246,12 @@ def test_slurm_blocks_resolve_the_nodes_and_gpus_they_ask_for(tmp_path, stock, t
     outcome-file step, install.md's zipapp step: every node's launcher, as srun starts it."""
     root = checkout(tmp_path, dist)
     cases = [(block("README.md", "#SBATCH --nodes=4").text, 4, {"SLURM_GPUS_ON_NODE": "8"}, 8),
-             (block("docs/platforms/slurm.md", "#!/bin/bash").text, 4, {"SLURM_GPUS_ON_NODE": "8"}, 8),
+             (block("docs/platforms/slurm.md", "#!/bin/bash\n#SBATCH --job-name=ddp-train").text, 4,
+              {"SLURM_GPUS_ON_NODE": "8"}, 8),
              (block("docs/platforms/slurm.md", "srun --ntasks-per-node=1 bash -c").text, 2,
               {"OUTCOMES": str(tmp_path / "outcomes")}, 1),
-             (without_make_dist(block("docs/install.md", "make dist                      # in a checkout").text), 2,
-              {}, 1)]
+             (block("docs/install.md", "python3 -m launcher zipapp --out ddp-launcher.pyz     # in a checkout on").text,
+              2, {}, 1)]
     for text, nodes, extra, nproc in cases:
         assert f"--nodes={nodes}" in text or nodes == 2
         plans = [p for node in range(nodes)
@@ -394,7 +405,7 @@ def test_oci_blocks_run_the_artifact(tmp_path, stock, tools, dist):  # noqa: F81
     root = checkout(tmp_path, dist)
     env = shell_env(tmp_path, stock, tools)
     del env["LAUNCHER_DRY_RUN"], env["LAUNCHER_JSON"]
-    made = subprocess.run(["bash", "-e", "-c", without_make_dist(block("docs/install.md", "make dist\npython").text)],
+    made = subprocess.run(["bash", "-e", "-c", block("docs/install.md", "python3 -m launcher bundle").text],
                           cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     unpacked = tmp_path / "job"
@@ -413,16 +424,44 @@ def test_oci_blocks_run_the_artifact(tmp_path, stock, tools, dist):  # noqa: F81
         [("oci", 0, "10.0.1.5"), ("oci", 1, "10.0.1.5")]
 
 
-def test_install_zipapp_block_writes_a_runnable_pyz(tmp_path, stock, tools):  # noqa: F811
+def test_the_stock_python_builds_the_zipapp_in_a_checkout_and_runs_it(tmp_path, stock, tools, dist):  # noqa: F811
+    """install.md's and slurm.md's ``python3 -m launcher zipapp`` with the stock Python (torch, nothing of
+    ours installed) in a checkout, and slurm.md's sbatch running that file with it on each of 4 nodes."""
+    root = checkout(tmp_path, dist)
     env = shell_env(tmp_path, stock, tools)
-    line = block("docs/install.md", "ddp-launcher zipapp").text.split("#")[0]
-    made = subprocess.run(["bash", "-e", "-c", line], cwd=str(tmp_path), env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert made.returncode == 0, made.stderr
-    (tmp_path / "train.py").write_text("import torch\n")
-    plan = stock_run(["python", str(tmp_path / "ddp-launcher.pyz"), "train.py"], image_env(tmp_path, stock), tmp_path,
-                     stock["torch_only"])
-    assert plan["platform"] == "local"
+    env["PATH"] = os.pathsep.join([tools, os.path.dirname(stock["torch_only"]), "/usr/bin", "/bin"])
+    for text, made in ((block("docs/install.md", "python3 -m launcher zipapp --out ddp-launcher.pyz   #").text,
+                        os.path.join(root, "ddp-launcher.pyz")),
+                       (block("docs/platforms/slurm.md", "python3 -m launcher zipapp").text,
+                        os.path.join(env["HOME"], "ddp-launcher.pyz"))):
+        assert run_bash(text, env, root) == [] and zipfile.is_zipfile(made), text
+    sbatch = block("docs/platforms/slurm.md", "#!/bin/bash\n#SBATCH --job-name=ddp-stock").text
+    plans = [p for node in range(4)
+             for p in run_bash(sbatch, dict(env, **slurm_env(node, 4, SLURM_GPUS_ON_NODE="8")), root)]
+    assert [(p["platform"], p["cluster"]["node_rank"], p["cluster"]["nproc_per_node"], p["argv"][0]) for p in plans] \
+        == [("slurm", node, 8, stock["torch_only"]) for node in range(4)]
+
+
+def test_the_sagemaker_check_plans_4_processes_on_each_of_2_hosts(tmp_path, stock, tools, dist):  # noqa: F811
+    """sagemaker.md's check: the bundle, then its launch.py as the second ml.g5.12xlarge runs it (4 GPUs)."""
+    root = checkout(tmp_path, dist)
+    env = shell_env(tmp_path, stock, tools)
+    del env["LAUNCHER_DRY_RUN"]  # the block asks for it, as a hyperparameter
+    (plan,) = run_bash(block("docs/platforms/sagemaker.md", "ddp-launcher bundle --out build/bundle").text, env, root)
+    assert (plan["platform"], plan["cluster"]["node_rank"], plan["cluster"]["nnodes"],
+            plan["cluster"]["nproc_per_node"], plan["cluster"]["master_addr"]) == ("sagemaker", 1, 2, 4, "algo-1")
+    assert plan["argv"][-3:] == ["train_resnet.py", "--epochs", "25"]
+
+
+def test_the_answer_dry_runs_state_the_rule_they_ask_for(tmp_path, stock, tools, dist):  # noqa: F811
+    """hangs.md's two lines (the learned default, then a fixed 600 s) and recovery.md's 3 restarts."""
+    root = checkout(tmp_path, dist)
+    env = shell_env(tmp_path, stock, tools)
+    learned, fixed = run_bash(block("docs/hangs.md", "ddp-launcher --dry-run train.py").text, env, root)
+    assert learned["hangs"]["on"] and learned["hang_timeout"].startswith("learned: 5 x the longest gap")
+    assert fixed["hang_timeout"].startswith("600 s between progress events")
+    (plan,) = run_bash(block("docs/recovery.md", "ddp-launcher --dry-run --max-restarts 3").text, env, root)
+    assert plan["restarts"]["on"] and plan["restarts"]["why"].startswith("up to 3 job-wide restart(s)")
 
 
 def test_bundle_blocks_write_the_bundle(tmp_path, stock, tools, dist):  # noqa: F811
@@ -465,6 +504,21 @@ def test_the_documented_outcome_file_meets_the_schema():
     with open(os.path.join(REPO, "docs", "outcome.schema.json"), encoding="utf-8") as fh:
         schema = json.load(fh)
     jsonschema.validate(json.loads(block("docs/failures.md", "{\"schema\"").text), schema)
+
+
+def test_the_simulate_answer_is_two_hosts_and_a_lost_one():
+    """simulate.md's two lines, checked as simulate checks them before any host starts (nothing starts: the
+    jobs themselves are tests/test_simulate.py's): 2 SageMaker hosts, then algo-2 SIGKILLed after 15 s."""
+    lines = block("docs/simulate.md", "python -m launcher simulate --hosts 2 -- train_scripts").text.split("\n")
+    configs = []
+    for line in lines:
+        words = shlex.split(line)
+        assert words[:4] == ["python", "-m", "launcher", "simulate"], line
+        configs.append(simulate_config.build_config(words[4:], REPO))
+    hosts = ["algo-1", "algo-2"]
+    assert [(c.platform, list(c.hosts), os.path.basename(c.script)) for c in configs] == \
+        [("sagemaker", hosts, "train_digits.py")] * 2
+    assert [c.faults for c in configs] == [(), (simulate_config.parse_fault("algo-2:SIGKILL:15", hosts),)]
 
 
 def test_the_python_of_the_tests_is_not_the_stock_one(stock):  # noqa: F811
