@@ -32,9 +32,11 @@ MAX_LINE = 4096  # characters of a line that are looked at
 MAX_FRAMES = 200  # frames kept per thread (faulthandler itself stops at 100)
 MAX_THREADS = 200  # threads kept per dump
 _PREFIX = re.compile(r"^\[rank(\d{1,7})\]:\s?")
-_HEADER = re.compile(r"^\s*(Current thread|Thread) (0x[0-9a-fA-F]+)\b.*\(most recent call first\):\s*$")
+# what another thread wrote into the same file may stand before faulthandler's text on its line (a progress bar's
+# ``\r``-ended text, a print cut short): a header or a frame is looked for anywhere on the line
+_HEADER = re.compile(r"(?:^|\s)(Current thread|Thread) (0x[0-9a-fA-F]+)\b.*\(most recent call first\):\s*$")
 _STACK = re.compile(r"^\s*Stack \(most recent call first\):\s*$")  # dump_traceback(all_threads=False)
-_FRAME = re.compile(r'^\s*File "(.*)", line (\d+|\?+) in (.*?)\s*$')
+_FRAME = re.compile(r'(?:^|\s)File "(.*)", line (\d+|\?+) in (.*?)\s*$')
 _FATAL = re.compile(r"^\s*Fatal Python error: ")
 _STDLIB = re.compile(r"/lib(64)?/python\d+(\.\d+)?t?/")
 LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/torch/", "<frozen ")
@@ -66,7 +68,10 @@ BACKWARD_WAITS = frozenset({"backward", "_engine_run_backward"})  # torch/autogr
 # position ids) through the C++ ``_broadcast_coalesced``, called from this method of torch's DDP module.
 DDP_PART = "/torch/nn/parallel/distributed.py"
 DDP_WAITS = frozenset({"_distributed_broadcast_coalesced"})
+# the outermost frames of every thread that ``threading`` started (threading.py): a frame that follows
+# ``_bootstrap`` in a dump is another thread's, whose header another thread's output broke
 THREADING_BOOTSTRAP = "_bootstrap"
+THREADING_FRAMES = frozenset({THREADING_BOOTSTRAP, "_bootstrap_inner"})
 # the launcher's sampler thread: its innermost frame is in launcher/bootstrap.py, in none of the main thread's
 SAMPLER = ("/bootstrap.py", ("run", "<module>"))
 
@@ -119,13 +124,16 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
 
     A dump starts at a thread header; a thread id seen again, a ``Fatal Python error`` line or a
     ``Stack`` header starts the rank's next dump. Lines that are no frame are skipped: before a dump, the
-    worker's output; within it, another thread's (a logger writes while faulthandler does).
+    worker's output; within it, another thread's (a logger writes while faulthandler does). faulthandler
+    writes a line in many writes (a name a character at a time), so another thread's text can also break a
+    line: a frame is lost, or a header, and a frame after a thread's outermost ``threading`` frame
+    (``_bootstrap``) starts the next thread all the same.
     """
     dumps: dict[Optional[int], list[tuple[str, bool, list[Frame]]]] = {}
     reading: dict[Optional[int], bool] = {}  # the rank's last line was part of a thread's frames
     for raw in lines:
         rank, text = split_prefix(raw[:MAX_LINE].rstrip("\r\n"), default)
-        header, stack = _HEADER.match(text), _STACK.match(text)
+        header, stack = _HEADER.search(text), _STACK.match(text)
         if header or stack or _FATAL.match(text):
             current = dumps.setdefault(rank, [])
             ident = header.group(2).lower() if header else "stack"
@@ -137,9 +145,15 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
             continue
         if not reading.get(rank):
             continue
-        frame = _FRAME.match(text)
+        frame = _FRAME.search(text)
         if frame:
             frames = dumps[rank][-1][2]
+            if frames and _is_threading_start(frames[-1]) and frames[-1].func == THREADING_BOOTSTRAP:
+                if len(dumps[rank]) >= MAX_THREADS:  # a thread's outermost frame was read: this one's header broke
+                    reading[rank] = False
+                    continue
+                frames = []
+                dumps[rank].append((f"?{len(dumps[rank])}", False, frames))
             if len(frames) < MAX_FRAMES:
                 number = frame.group(2)
                 frames.append(Frame(frame.group(1), int(number) if number.isdigit() else 0, frame.group(3)))
@@ -157,15 +171,21 @@ def is_user_code(path: str, own: Sequence[str] = ()) -> bool:
     return not any(part in path for part in LIBRARY_PARTS) and not any(path.startswith(o) for o in own if o)
 
 
+def _is_threading_start(frame: Frame) -> bool:
+    """One of the outermost frames of a thread that ``threading`` started."""
+    return frame.func in THREADING_FRAMES and frame.file.endswith("threading.py")
+
+
 def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
-    """The thread the script runs in: the one not started by ``threading`` whose outermost frame is
+    """The thread the script runs in: the one not started by ``threading`` (either of its two outermost
+    frames is threading's, so that one lost frame does not hide it) whose outermost frame is
     ``<module>``, else one not started by ``threading`` with a frame outside the standard library (the
     script's, a package's), else any not started by ``threading``, else the one that took the signal. The
     launcher's sampler (:data:`SAMPLER`) is never it, even when its dump was cut short (another thread
     wrote into it, so that its outermost frames are missing)."""
     def started_by_threading(t: Thread) -> bool:
-        first, last = t.frames[0], t.frames[-1]
-        return ((last.func == THREADING_BOOTSTRAP and "threading" in last.file)
+        first = t.frames[0]
+        return (any(_is_threading_start(f) for f in t.frames[-2:])
                 or (first.file.endswith(SAMPLER[0]) and first.func not in SAMPLER[1]))
 
     mains = [t for t in threads if t.frames and not started_by_threading(t)]

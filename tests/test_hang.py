@@ -5,6 +5,8 @@ faulthandler's format with and without torchrun's ``[rankN]:`` prefix and interl
 (round trip), and on dumps real Python processes print (signal and fatal-error forms). The distributed
 waits it knows are checked against the installed torch's source; the verdict's rules (the odd one out, the
 rank that gave no stack while every other rank waits) are checked over any set of positions (hypothesis).
+Another thread's output written into a dump as faulthandler writes it (a piece at a time) never makes another
+thread's frame the rank's position (hypothesis).
 """
 
 from __future__ import annotations
@@ -424,3 +426,63 @@ def test_the_launchers_sampler_is_never_the_main_thread_even_cut_short() -> None
              '  File "/job/train.py", line 30 in read_input']  # cut short too: no <module>
     threads = hang.parse_dumps(lines, 0)[0]
     assert hang.position(threads, ("/opt/launcher/",)) == hang.Position("/job/train.py", 30, "read_input", "", False)
+
+
+THREADING = "/usr/lib/python3.11/threading.py"
+MAIN_FRAMES = [Frame("/job/train.py", 30, "read_input"), Frame("/job/train.py", 50, "main"),
+               Frame("/job/train.py", 70, "<module>")]
+
+
+def started(number: int, inner: list[Frame]) -> list[Frame]:
+    """A thread ``threading`` started: its frames, innermost first, down to threading's own."""
+    return [*inner, Frame(THREADING, 1000 + number, "run"), Frame(THREADING, 1100 + number, "_bootstrap_inner"),
+            Frame(THREADING, 1200 + number, "_bootstrap")]
+
+
+def faulthandler_pieces(threads: list[tuple[str, list[Frame]]]) -> list[str]:
+    """A dump as faulthandler writes it: a header in three writes, a frame's file and function a character
+    at a time (CPython's traceback.c), every thread but the first (the newest) before the main thread last."""
+    pieces: list[str] = []
+    for number, (head, frames) in enumerate(threads):
+        pieces += [f"{head} ", f"0x{number + 1:016x}", " (most recent call first):\n"]
+        for frame in frames:
+            pieces += ["  File ", '"', *frame.file, '"', ", line ", str(frame.line), " in ", *frame.func, "\n"]
+        pieces.append("\n")
+    return pieces
+
+
+others_st = st.lists(st.lists(st.builds(Frame, st.sampled_from(["/job/train.py", "/job/data.py", THREADING,
+                                                                f"{SITE}/tqdm/_monitor.py"]),
+                                        st.integers(100, 999), funcs), max_size=3), max_size=3)
+foreign_st = st.sampled_from(["chat 42\n", "INFO:chatty:chat 42\n", "\r 45%|####      | 9/20", "\n", "\r"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(others_st, st.lists(st.tuples(st.integers(0, 10**6), foreign_st), max_size=2))
+def test_another_threads_writes_inside_a_dump_never_make_its_frame_the_position(
+        others: list[list[Frame]], writes: list[tuple[int, str]]) -> None:
+    # Up to two writes of another thread (a logger's line, a progress bar's \r-ended text) land anywhere in the
+    # dump, between any two of faulthandler's writes: the position is one of the main thread's own frames.
+    threads = [("Thread", started(n, inner)) for n, inner in enumerate(others)]
+    pieces = faulthandler_pieces([*threads, ("Current thread", MAIN_FRAMES)])
+    for at, text in sorted(writes, reverse=True):
+        pieces.insert(at % (len(pieces) + 1), text)
+    parsed = hang.parse_dumps("".join(pieces).splitlines(), 0).get(0, [])
+    pos = hang.position(parsed)
+    mains = {(f.file, f.line) for f in MAIN_FRAMES}
+    assert pos is None or (pos.file, pos.line) in mains, (pos, "".join(pieces))
+    if not writes:
+        assert pos == Position("/job/train.py", 30, "read_input", "", False)
+
+
+def test_a_header_broken_by_a_logger_does_not_join_the_main_thread_to_the_one_before() -> None:
+    # The CI failure of a chatty rank: a logger's line inside the main thread's header; its frames then followed
+    # the chatting thread's, and the chatting thread was named.
+    pieces = faulthandler_pieces([("Thread", started(0, [Frame("/job/train.py", 140, "chatter")])),
+                                  ("Current thread", MAIN_FRAMES)])
+    header = pieces.index("Current thread ")
+    pieces.insert(header + 1, "INFO:chatty:chat 7\n")
+    threads = hang.parse_dumps("".join(pieces).splitlines(), 0)[0]
+    assert [t.frames[-1].func for t in threads] == ["_bootstrap", "<module>"]
+    assert hang.position(threads) == Position("/job/train.py", 30, "read_input", "", False)
+
