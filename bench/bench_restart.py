@@ -19,9 +19,16 @@ Contenders:
   rank take a step within the cap;
 - ``relaunch``: the launcher without restarts (the job fails on every host), then the whole job started again
   at once (a second ``simulate``) from the same checkpoint; a platform would first provision the instances
-  and pull the image again (minutes on SageMaker, not counted here).
+  and pull the image again (minutes on SageMaker, not counted here);
+- ``ft_launcher``: NVIDIA nvidia-resiliency-ext's ``ft_launcher`` (a torchrun with in-job restarts of the whole
+  worker group, c10d rendezvous on algo-1) with ``--max-restarts 3`` on every host, in the same kind of lab;
+  left out when the package is not installed.
 
-Usage: ``.venv/bin/python bench/bench_restart.py [--rounds 2] [--hosts 2,4] [--cap 120] [--only launcher,...]``.
+For the launcher, each restart's phases on every host (the outcome file's ``restarts[].phases``: detection, stop,
+barrier, new torchrun, first step) are printed too: per phase, the median over the rounds of the slowest host.
+
+Usage: ``.venv/bin/python bench/bench_restart.py [--rounds 2] [--hosts 2,4] [--cap 120] [--only launcher,...]``
+(``--hosts 2,4,8,16`` for the phases at every size).
 Needs network namespaces (root or unprivileged user namespaces); only the lab's private addresses are used.
 """
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import importlib.util
 import json
 import os
 import shutil
@@ -39,7 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Optional
+from typing import Callable, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -53,7 +61,9 @@ SCRIPT = os.path.join(REPO, "tests", "scripts", "restart_worker.py")
 PORT = 29500  # inside the lab's private namespaces: no clash with anything on the machine
 STEPS = 8
 FAULT = ["--fail", "exit", "--fail-rank", "1", "--fail-step", "3", "--fail-in", "0"]
-CONTENDERS = ("launcher", "torchrun", "relaunch")
+CONTENDERS = ("launcher", "torchrun", "relaunch", "ft_launcher")
+PHASES = ("detection", "stop", "barrier", "new_torchrun", "first_step")
+FT_LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
 
 
 def read(path: str) -> dict:
@@ -101,10 +111,26 @@ def simulate(tmp: str, name: str, hosts: int, out: str, cap: float, script_args:
                               timeout=cap + 60).returncode
 
 
+def phases(workdir: str, hosts: int) -> dict[str, Optional[float]]:
+    """The restart's phases, each the slowest host's (None where a host has none: the restart never came)."""
+    found: dict[str, list[float]] = {name: [] for name in PHASES}
+    for i in range(hosts):
+        with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
+            spans = read(os.path.join(workdir, f"algo-{i + 1}", "output", "data", "outcome.json"))["restarts"][0]
+            for name in PHASES:
+                if spans["phases"].get(name) is not None:
+                    found[name].append(spans["phases"][name])
+    return {name: max(values) if len(values) == hosts else None for name, values in found.items()}
+
+
+PHASES_SEEN: dict[int, list[dict[str, Optional[float]]]] = {}  # hosts -> each round's phases (launcher)
+
+
 def launcher(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
     out = os.path.join(tmp, "out")
     os.mkdir(out)
     simulate(tmp, "restart", hosts, out, cap, FAULT, max_restarts="1")
+    PHASES_SEEN.setdefault(hosts, []).append(phases(os.path.join(tmp, "restart"), hosts))
     return measure([out], hosts)
 
 
@@ -119,6 +145,21 @@ def relaunch(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optiona
 
 
 def torchrun(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
+    return in_lab(tmp, hosts, cap, lambda i: [
+        PYTHON, "-m", "torch.distributed.run", "--nnodes", str(hosts), "--nproc-per-node", "1", "--node-rank", str(i),
+        "--master-addr", "algo-1", "--master-port", str(PORT), "--max-restarts", "3"])
+
+
+def ft_launcher(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
+    return in_lab(tmp, hosts, cap, lambda i: [
+        PYTHON, "-m", FT_LAUNCHER, "--nnodes", str(hosts), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"algo-1:{PORT}", "--rdzv-id", "bench", "--max-restarts", "3",
+        "--ignore-missing-fault-tol-cfg"])
+
+
+def in_lab(tmp: str, hosts: int, cap: float, launch: Callable[[int], list[str]]) -> tuple[Optional[float],
+                                                                                          Optional[float]]:
+    """Run ``launch(i)`` and the script on every host of a lab until every rank stepped after the fault."""
     out = os.path.join(tmp, "out")
     os.mkdir(out)
     with netns.Lab(tmp) as lab:
@@ -126,9 +167,7 @@ def torchrun(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optiona
             lab.add_host(f"algo-{i + 1}", netns.host_address(i))
         procs = []
         for i in range(hosts):
-            argv = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(hosts), "--nproc-per-node", "1",
-                    "--node-rank", str(i), "--master-addr", "algo-1", "--master-port", str(PORT),
-                    "--max-restarts", "3", SCRIPT, "--out", out, "--steps", str(STEPS), *FAULT]
+            argv = [*launch(i), SCRIPT, "--out", out, "--steps", str(STEPS), *FAULT]
             procs.append(subprocess.Popen(lab.command(f"algo-{i + 1}", argv), cwd=tmp, env=clean_env(),
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + cap
@@ -162,8 +201,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if why:
         print(f"network namespaces unavailable: {why}", file=sys.stderr)
         return 2
-    runners = {"launcher": launcher, "torchrun": torchrun, "relaunch": relaunch}
+    runners = {"launcher": launcher, "torchrun": torchrun, "relaunch": relaunch, "ft_launcher": ft_launcher}
     chosen = [c for c in args.only.split(",") if c]
+    if "ft_launcher" in chosen and importlib.util.find_spec("nvidia_resiliency_ext") is None:
+        print("ft_launcher left out: nvidia-resiliency-ext is not installed", file=sys.stderr)
+        chosen.remove("ft_launcher")
     rows = []
     for hosts in (int(h) for h in args.hosts.split(",")):
         results: dict[str, list[tuple[Optional[float], Optional[float]]]] = {c: [] for c in chosen}
@@ -178,6 +220,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("| hosts | contender | fault -> every rank's first step after it | own start + checkpoint load |")
     print("|---|---|---|---|")
     print("\n".join(rows))
+    if PHASES_SEEN:
+        print("\n| hosts | " + " | ".join(name.replace("_", " ") for name in PHASES) + " | (launcher, slowest host) |")
+        print("|---|" + "---|" * (len(PHASES) + 1))
+        for hosts, seen in sorted(PHASES_SEEN.items()):
+            cells = [cell([round_[name] for round_ in seen]) for name in PHASES]
+            print(f"| {hosts} | " + " | ".join(cells) + " | |")
     return 0
 
 
