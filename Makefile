@@ -75,8 +75,15 @@ dist: $(STAMP)
 	$(PY) -m build --no-isolation --outdir dist .
 	$(PY) -m launcher zipapp --out dist/ddp-launcher.pyz
 
-bench: $(STAMP)
+# NVIDIA's ft_launcher, run side by side by bench/bench_restart.py, kept out of .venv: its dependency pynvml makes
+# every `import torch` print a deprecation warning into the workers' output. 0.4.1: the newest the index offers.
+NVRX := .nvrx
+$(NVRX)/.installed: $(STAMP)
+	$(PY) -m pip install -q --no-deps --target $(NVRX) nvidia-resiliency-ext==0.4.1 defusedxml nvidia-ml-py
+	touch $@
+
+bench: $(STAMP) $(NVRX)/.installed
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(VENV_V3) runs dist
+	rm -rf $(VENV) $(VENV_V3) $(NVRX) runs dist

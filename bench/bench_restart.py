@@ -22,7 +22,8 @@ Contenders:
   and pull the image again (minutes on SageMaker, not counted here);
 - ``ft_launcher``: NVIDIA nvidia-resiliency-ext's ``ft_launcher`` (a torchrun with in-job restarts of the whole
   worker group, c10d rendezvous on algo-1) with ``--max-restarts 3`` on every host, in the same kind of lab;
-  left out when the package is not installed.
+  from ``.nvrx/`` (``make .nvrx/.installed``: kept out of .venv, whose every ``import torch`` its dependency
+  pynvml would make print a warning), or left out when it is not there.
 
 For the launcher, each restart's phases on every host (the outcome file's ``restarts[].phases``: detection, stop,
 barrier, new torchrun, first step) are printed too: per phase, the median over the rounds of the slowest host.
@@ -37,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
-import importlib.util
 import json
 import os
 import shutil
@@ -64,6 +64,7 @@ FAULT = ["--fail", "exit", "--fail-rank", "1", "--fail-step", "3", "--fail-in", 
 CONTENDERS = ("launcher", "torchrun", "relaunch", "ft_launcher")
 PHASES = ("detection", "stop", "barrier", "new_torchrun", "first_step")
 FT_LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
+NVRX = os.path.join(REPO, ".nvrx")  # where make puts it (see the Makefile)
 
 
 def read(path: str) -> dict:
@@ -168,7 +169,8 @@ def in_lab(tmp: str, hosts: int, cap: float, launch: Callable[[int], list[str]])
         procs = []
         for i in range(hosts):
             argv = [*launch(i), SCRIPT, "--out", out, "--steps", str(STEPS), *FAULT]
-            procs.append(subprocess.Popen(lab.command(f"algo-{i + 1}", argv), cwd=tmp, env=clean_env(),
+            env = clean_env(PYTHONPATH=f"{NVRX}{os.pathsep}{REPO}") if FT_LAUNCHER in argv else clean_env()
+            procs.append(subprocess.Popen(lab.command(f"algo-{i + 1}", argv), cwd=tmp, env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + cap
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
@@ -203,8 +205,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     runners = {"launcher": launcher, "torchrun": torchrun, "relaunch": relaunch, "ft_launcher": ft_launcher}
     chosen = [c for c in args.only.split(",") if c]
-    if "ft_launcher" in chosen and importlib.util.find_spec("nvidia_resiliency_ext") is None:
-        print("ft_launcher left out: nvidia-resiliency-ext is not installed", file=sys.stderr)
+    if "ft_launcher" in chosen and not os.path.isdir(os.path.join(NVRX, "nvidia_resiliency_ext")):
+        print(f"ft_launcher left out: nvidia-resiliency-ext is not in {NVRX} (make .nvrx/.installed)", file=sys.stderr)
         chosen.remove("ft_launcher")
     rows = []
     for hosts in (int(h) for h in args.hosts.split(",")):
