@@ -57,8 +57,9 @@ names every module and only modules that exist):
 - ``codes``: the classes of a run's outcome and their exit codes.
 - ``oom``: the kernel's OOM-kill counters (the cgroup's, else the machine's): out of memory told apart from a SIGKILL.
 - ``failure``: torchrun's evidence: the root cause, the code the worker asked for, the report's text and file.
-- ``report``: the verdict: class, exit code (the one rule for a torchrun end: ``torchrun_end()``) and report (the job watch's cause first, one limit per platform),
-  the no-rendezvous diagnosis, and the outcome file (``docs/outcome.schema.json``).
+- ``report``: the verdict: class, exit code (one rule for a torchrun end, ``torchrun_end()``) and report (the job
+  watch's cause first, one limit per platform), the no-rendezvous diagnosis, and the outcome file
+  (``docs/outcome.schema.json``).
 - ``pyz``: the launcher as one file (``ddp-launcher zipapp``, ``make dist``): the zipapp and how it unpacks.
 - ``simulate/``: N hosts of a platform as N launcher processes on one machine (``ddp-launcher simulate``).
 
