@@ -12,6 +12,7 @@ names every module and only modules that exist):
   a Python older than 3.9 in one line, then runs ``cli``.
 - ``cli``: ties it together (``python -m launcher``, ``ddp-launcher``): ``plan()`` decides everything once (the
   launch, and whether the job watch, hang detection and restarts are on, with why), ``run()`` starts.
+- ``plan``: what ``plan()`` decides, as data (``Plan``, and each capability's ``Switch``: on or off, and why).
 - ``options``: the launcher's own options (flags, ``LAUNCHER_*``, a platform's own argv form) and ``--help``.
 - ``errors``: ``ConfigError`` (bad input: exit 2, one line), how a bad value is quoted, bounded numbers.
 - ``filereader``: every input file read as a regular file, bounded, never blocking (FIFOs, devices refused).
@@ -35,6 +36,8 @@ names every module and only modules that exist):
 - ``preflight``: bounded waits for host names and files the cluster publishes late.
 - ``bootstrap``: what torchrun runs for each worker: the script as ``python script.py``, and the code it asked for;
   with hang detection on, a thread that samples the main thread (moved, or went round a loop) and beats.
+- ``runcontext``: a started run's context (``Run``: the plan, environment, log, watchdog, job watch and hang
+  detection), which ``supervise``, ``generations`` and ``report`` take.
 - ``supervise``: starts torchrun, streams its output, forwards signals, leaves no process behind.
 - ``streams``: standard streams that are always there, and writes that never fail.
 - ``workerlogs``: the workers' output, copied from torchrun's log files to our streams, each line with its rank.
@@ -54,8 +57,9 @@ names every module and only modules that exist):
 - ``codes``: the classes of a run's outcome and their exit codes.
 - ``oom``: the kernel's OOM-kill counters (the cgroup's, else the machine's): out of memory told apart from a SIGKILL.
 - ``failure``: torchrun's evidence: the root cause, the code the worker asked for, the report's text and file.
-- ``report``: the verdict: class, exit code and report (the job watch's cause first, one limit per platform),
-  the no-rendezvous diagnosis, and the outcome file (``docs/outcome.schema.json``).
+- ``report``: the verdict: class, exit code (one rule for a torchrun end, ``torchrun_end()``) and report (the job
+  watch's cause first, one limit per platform), the no-rendezvous diagnosis, and the outcome file
+  (``docs/outcome.schema.json``).
 - ``pyz``: the launcher as one file (``ddp-launcher zipapp``, ``make dist``): the zipapp and how it unpacks.
 - ``simulate/``: N hosts of a platform as N launcher processes on one machine (``ddp-launcher simulate``).
 

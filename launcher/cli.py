@@ -39,12 +39,11 @@ import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple, Optional
+from typing import Optional
 
 from launcher import codes, groups, hangtimeout, platforms, report, rundir, streams
 from launcher.cluster import Cluster
 from launcher.command import (
-    Launch,
     build_launch,
     cluster_for,
     job_identity,
@@ -54,8 +53,8 @@ from launcher.command import (
     watch_secret,
 )
 from launcher.errors import ConfigError, Stopped, shown
-from launcher.hangtimeout import Policy
-from launcher.options import Invocation, Options, help_text, parse_invocation
+from launcher.options import Options, help_text, parse_invocation
+from launcher.plan import Plan, Switch
 from launcher.platforms.base import Attempt, HostView, look_once
 from launcher.report import Clock, Verdict
 
@@ -67,28 +66,6 @@ JOB_MARKER = "DDP_LAUNCHER_JOB"  # in torchrun's environment, so in everything t
 def log(message: str) -> None:
     """One line of the launcher's own, on stderr. Never fails (stderr may be closed or a dead pipe)."""
     streams.write(sys.stderr, f"[{PROG}] {message}\n")
-
-
-class Switch(NamedTuple):
-    """One capability of a run, on or off, and why: decided once by :func:`plan`, said by the dry run."""
-
-    on: bool
-    why: str
-
-
-class Plan(NamedTuple):
-    """Everything decided before anything starts."""
-
-    invocation: Invocation
-    choice: platforms.Choice
-    cluster: Cluster
-    launch: Launch
-    grace_period: float
-    notes: tuple[str, ...]
-    hang: Optional[Policy]  # hang detection's timeouts; None: off (``hangs`` says why)
-    watch: Switch  # the job watch: the hosts watch each other (several nodes)
-    hangs: Switch
-    restarts: Switch  # job-wide restarts in place (--max-restarts)
 
 
 def _check_script(script: str) -> None:
@@ -130,7 +107,8 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     host = host_view(options)
     cluster = cluster_for(choice.platform, environ, host, options)
     _check_script(invocation.script)
-    missing = None if groups.outside(cluster) else torch_missing()  # outside the world: no torchrun
+    outside = groups.outside(cluster)  # a host outside the training world: the script once, no torchrun
+    missing = None if outside else torch_missing()
     if missing and not options.dry_run:
         raise ConfigError(missing)
     if missing:
@@ -139,7 +117,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
         rundir.check_tmpdir(environ)
     token = f"{os.getpid()}-{os.urandom(8).hex()}"
     run_dir = run_dir or rundir.path_for(os.environ, token)
-    if groups.outside(cluster):  # a host outside the training world: the script once, no torchrun
+    if outside:
         launch = groups.script_launch(cluster, options, invocation.script, invocation.script_args,
                                       environ, run_dir)
     else:
@@ -164,7 +142,10 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
         changes, hang_notes = hangtimeout.worker_env(environ, run_dir, gpus)
         launch = launch._replace(env_changes={**launch.env_changes, **changes}, notes=(*launch.notes, *hang_notes))
     grace = invocation.options.grace_period or choice.platform.grace_period
-    return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes, rule, watch, hangs, restarts)
+    # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
+    bound = options.rdzv_timeout + RENDEZVOUS_MARGIN if cluster.nnodes > 1 and not outside else None
+    return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes, rule, watch, hangs, restarts,
+                outside, bound)
 
 
 def decide(c: Cluster, options: Options) -> tuple[Switch, Switch, Switch]:
@@ -231,7 +212,7 @@ def describe(p: Plan, as_json: bool) -> str:
              *_block("matched", [f"{name}: {'; '.join(ev)}" for name, ev in p.choice.matches]),
              *_block("evidence", list(c.evidence)),
              f"cluster:   host {c.current_host}, outside the training world of {c.nnodes} node(s), master {master}"
-             if groups.outside(c) else
+             if p.outside else
              f"cluster:   host {c.current_host}, node {c.node_rank} of {c.nnodes}, master {master}, "
              f"{c.nproc_per_node} process(es) per node, world size {c.nnodes * c.nproc_per_node}",
              *groups.describe_lines(c),
@@ -280,6 +261,7 @@ def run(p: Plan, environ: Mapping[str, str], clock: Optional[Clock] = None) -> i
 
 def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Clock, str]:
     from launcher import failure, oom, proctree  # not needed by --dry-run: imported here to keep start-up short
+    from launcher.runcontext import Run
     from launcher.supervise import supervise
 
     c = p.cluster
@@ -304,8 +286,7 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
             except Stopped as exc:
                 verdict = _stopped(exc, c.current_host)
                 return verdict, clock, verdict.root_cause
-        outside = groups.outside(c)
-        if outside:
+        if p.outside:
             log(f"{c.platform} host {c.current_host}: group {c.role.group}, outside the training world "  # type: ignore[union-attr]
                 f"(master {c.master_addr}): running the script once; {shlex.join(p.launch.argv)}")
         else:
@@ -323,29 +304,28 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
                                           worker_env=p.launch.environment(environ), remake=[p.launch.exit_dir])
         elif options.hang_timeout != 0:
             log(f"hang detection {p.hangs.why}")
-        if options.max_restarts and not outside:
+        if options.max_restarts and not p.outside:
             log(f"restarts {'on: ' if p.restarts.on else ''}{p.restarts.why}")
-        # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
-        rendezvous_timeout = options.rdzv_timeout + RENDEZVOUS_MARGIN if c.nnodes > 1 and not outside else None
+        run = Run(p, environ, log, watchdog, watch, hangs)
         memory = oom.snapshot()  # the kernel's OOM-kill count before: a worker's SIGKILL is then told apart
         clock = clock._replace(torchrun=time.time())
         if p.restarts.on:
             from launcher.generations import run_generations
 
-            outcome, hangs, last = run_generations(p, environ, log, watchdog, watch, hangs, rendezvous_timeout)
+            outcome, run, last = run_generations(run)
+            hangs = run.hangs
         else:
             last = None
-            outcome = supervise(p.launch, environ, p.grace_period, log, watchdog, watch,
-                                rendezvous_timeout, hangs, direct=outside)
+            outcome = supervise(run, p.launch)
         if hangs is not None:
             hangs.close()  # a hang being decided is finished first
         clock = clock._replace(first_worker=failure.first_worker_start(p.launch.exit_dir))
         if last is not None:
             memory = last.memory  # the last generation's count before it started
-        verdict, text = report.judge(c, options, p.choice.platform, p.launch, outcome, watch, hangs, outside, memory)
+        verdict, text = report.judge(run, outcome, memory)
         if last is not None:
             verdict, text = last.verdict(verdict, text, p.choice.platform.report_limit or report.DEFAULT_LIMIT, log)
-        if outside and verdict.code == 0 and watch is not None and watch.training_ended:
+        if p.outside and verdict.code == 0 and watch is not None and watch.training_ended:
             log("the training world has ended and this host's script with it")
         elif verdict.code == 0 and outcome.stop_signal is not None:
             log("stopped by a signal; every worker finished cleanly")

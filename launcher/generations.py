@@ -18,14 +18,14 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 from launcher import codes, failure, oom, report, restart
-from launcher.command import for_generation, generation_port
+from launcher.command import Launch, for_generation, generation_port
 from launcher.jobwatch import report_head
 from launcher.outcome import Outcome
 from launcher.progress import BeatSocket, Progress
+from launcher.runcontext import Hangs, Run
 from launcher.supervise import STOP_SIGNALS, supervise
 
 DECISION_MARGIN = 30.0  # seconds past the loss timeout and the grace period that node 0's decision may take
@@ -65,12 +65,12 @@ class History:
         return verdict._replace(restarts=tuple(self.records)), text
 
 
-def _own_end(p: Any, launch: Any, outcome: Outcome, hangs: Any, watch: Any, steps: restart.Steps,
-             memory: Optional[oom.Counter], failed: float) -> restart.End:
-    """How this host's generation ended, as node 0 needs it (``failed``: when its first worker failed,
+def _own_end(run: Run, launch: Launch, outcome: Outcome, steps: restart.Steps, memory: Optional[oom.Counter],
+             failed: float) -> restart.End:
+    """How this host's generation (``launch``) ended, as node 0 needs it (``failed``: when its first worker failed,
     monotonic). Its failure is a consequence of another host's only when the job watch stopped its workers
     (or torchrun itself failed, with no worker to blame); what the exception says is no evidence."""
-    c = p.cluster
+    c, hangs, watch = run.plan.cluster, run.hangs, run.watch
     node, host = c.node_rank, c.current_host
     moved, watched, count = steps.moved(), steps.watched(), steps.progress.steps
     age = round(max(0.0, time.monotonic() - failed), 3)
@@ -79,10 +79,7 @@ def _own_end(p: Any, launch: Any, outcome: Outcome, hangs: Any, watch: Any, step
 
         return restart.End(node, host, codes.HANG_CODE, codes.HANG, "hang", report_head(hang_report(hangs, 600)),
                            True, moved, age=age, watched=watched, steps=count)
-    cause = report.out_of_memory(outcome, failure.find_root_cause(outcome, launch), memory)
-    found = failure.exit_code(outcome, cause)
-    klass = report.classify(outcome, cause, found)
-    code = report.code_of(klass, found)
+    cause, klass, code = report.torchrun_end(outcome, launch, memory)
     if code == 0:
         return restart.End(node, host, 0, codes.SUCCESS, "", "", True, moved, watched=watched, steps=count)
     by_watch = watch is not None and watch.stopped_job and outcome.stop_signal is not None
@@ -113,7 +110,7 @@ def first_failure(exit_dir: str, ended: float) -> float:
     return min([ended, *times])
 
 
-def _fresh(launch: Any) -> None:
+def _fresh(launch: Launch) -> None:
     """Forget the last generation's evidence: its error file, worker exit records and logs."""
     with contextlib.suppress(OSError):
         os.unlink(launch.error_file)
@@ -124,10 +121,11 @@ def _fresh(launch: Any) -> None:
     shutil.rmtree(launch.log_dir, ignore_errors=True)
 
 
-def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], None], watchdog: Any, watch: Any,
-                    hangs: Any, rendezvous_timeout: Optional[float]) -> tuple[Outcome, Any, History]:
+def run_generations(run: Run) -> tuple[Outcome, Run, History]:
     """Run generation after generation until node 0 decides the job ends; returns the last generation's
-    outcome (with the stop signal, when one came between two generations), its hang watch and the history."""
+    outcome (with the stop signal, when one came between two generations), the run with that generation's
+    hang detection, and the history."""
+    p, environ, log, watch = run.plan, run.environ, run.log, run.watch
     options, c = p.invocation.options, p.cluster
     policy = restart.Policy(options.max_restarts, options.restart_on)
     if watch is not None:
@@ -142,29 +140,29 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
         while True:
             launch = for_generation(p.launch, generation_port(c, options, p.choice.platform.fixed_port, generation),
                                     generation)
-            if hangs is not None and generation > 0:
+            if run.hangs is not None and p.hang is not None and generation > 0:
                 from launcher import hangwatch
 
-                hangs = hangwatch.for_cluster(c, p.hang, launch.run_dir, log, watch, previous=hangs,
-                                              worker_env=launch.environment(environ), remake=[launch.exit_dir])
+                run = run.with_hangs(hangwatch.for_cluster(c, p.hang, launch.run_dir, log, watch, previous=run.hangs,
+                                                           worker_env=launch.environment(environ),
+                                                           remake=[launch.exit_dir]))
             if spans is not None and decided_at is not None:
                 spans["new_torchrun"] = round(max(0.0, time.monotonic() - decided_at), 3)
-            steps = _steps(launch.run_dir, hangs, log, pending, failed_at, spans)
+            steps = _steps(launch.run_dir, run.hangs, log, pending, failed_at, spans)
             history.memory = oom.snapshot()  # a SIGKILL of this generation is told apart by its own count
             try:
-                outcome = supervise(launch, environ, p.grace_period, log, watchdog, watch, rendezvous_timeout,
-                                    hangs, quick_end=True)
+                outcome = supervise(run, launch, quick_end=True)
             finally:
                 failed_at = time.monotonic()
                 steps.close()
             if history.records and steps.to_first_step is not None:
                 history.records[-1]["seconds_to_first_step"] = steps.to_first_step
-            if hangs is not None:
-                hangs.close()
+            if run.hangs is not None:
+                run.hangs.close()
             failed = first_failure(launch.exit_dir, failed_at)
-            end = _own_end(p, launch, outcome, hangs, watch, steps, history.memory, failed)
+            end = _own_end(run, launch, outcome, steps, history.memory, failed)
             if signals and outcome.stop_signal is None:
-                return outcome._replace(stop_signal=signals[0]), hangs, history
+                return outcome._replace(stop_signal=signals[0]), run, history
             root: Optional[float] = failed
             if watch is None:
                 decision: Optional[restart.Decision] = policy.decide(generation, [end])
@@ -177,9 +175,9 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
                     root = decided_at - float(message["cause_age"])  # type: ignore[operator]
             history.last = decision
             if decision is None or not decision.restart:
-                return outcome, hangs, history
+                return outcome, run, history
             if signals:  # a stop signal while node 0 decided: this host stops; the others hear it
-                return outcome._replace(stop_signal=signals[0]), hangs, history
+                return outcome._replace(stop_signal=signals[0]), run, history
             stopping = watch.stop_at if watch is not None and end.code != 0 and not end.primary else failed
             spans = restart.phases(root, stopping, failed_at, decided_at)
             history.records.append(restart.record(decision, None, spans))
@@ -194,7 +192,7 @@ def run_generations(p: Any, environ: Mapping[str, str], log: Callable[[str], Non
             signal.signal(sig, handler)
 
 
-def _steps(run_dir: str, hangs: Any, log: Callable[[str], None], pending: str,
+def _steps(run_dir: str, hangs: Optional[Hangs], log: Callable[[str], None], pending: str,
            failed_at: Optional[float], spans: Optional[dict[str, Optional[float]]]) -> restart.Steps:
     """This generation's progress: hang detection's beats, else a beat socket of its own."""
     if hangs is not None:

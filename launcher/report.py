@@ -18,11 +18,17 @@ import re
 import signal
 import time
 from collections.abc import Mapping
-from typing import Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 from launcher import __version__, codes, failure, oom
+from launcher.command import Launch
+from launcher.failure import RootCause
 from launcher.filewriter import replace_file
 from launcher.outcome import Outcome
+
+if TYPE_CHECKING:
+    from launcher.jobwatch import Event
+    from launcher.runcontext import JobWatch, Run
 
 SCHEMA = "ddp-launcher-outcome/1"
 DEFAULT_LIMIT = failure.REPORT_LIMIT  # the report's length where the platform sets none (stderr only)
@@ -55,7 +61,7 @@ class Verdict(NamedTuple):
     restarts: tuple = ()  # the job-wide restarts, oldest first (launcher/restart.py's record)
 
 
-def classify(outcome: Outcome, cause: Any, code: int) -> str:
+def classify(outcome: Outcome, cause: Optional[RootCause], code: int) -> str:
     """This host's own class, from how torchrun ended and the root cause (:class:`launcher.failure.RootCause`)."""
     if code == 0:
         return codes.SUCCESS
@@ -72,7 +78,7 @@ def classify(outcome: Outcome, cause: Any, code: int) -> str:
     return codes.WORKER_EXIT
 
 
-def out_of_memory(outcome: Outcome, cause: Any, before: Optional[oom.Counter]) -> Any:
+def out_of_memory(outcome: Outcome, cause: Optional[RootCause], before: Optional[oom.Counter]) -> Optional[RootCause]:
     """``cause`` (:class:`launcher.failure.RootCause`) with the OOM killer's evidence and victim when the
     kernel's OOM-kill count (``before``: read before torchrun started) rose since and its worker (or
     torchrun) died of SIGKILL, or the worker failed because a process of its own (a DataLoader worker)
@@ -97,6 +103,31 @@ def code_of(klass: str, code: int) -> int:
             codes.HANG: codes.HANG_CODE, codes.BAD_INPUT: codes.BAD_INPUT_CODE,
             codes.NO_PROGRESS: codes.NO_PROGRESS_CODE,
             codes.INTERNAL: codes.INTERNAL_CODE}.get(klass, code)
+
+
+class TorchrunEnd(NamedTuple):
+    """How torchrun's run ended on this host: the root cause read from its evidence (None: none found), the class
+    and the exit code."""
+
+    cause: Optional[RootCause]
+    klass: str
+    code: int
+
+
+def class_and_code(outcome: Outcome, cause: Optional[RootCause]) -> tuple[str, int]:
+    """The one rule for a torchrun end's class and exit code (:func:`classify`, then :func:`code_of`), from how
+    torchrun ended and the root cause."""
+    found = failure.exit_code(outcome, cause)
+    klass = classify(outcome, cause, found)
+    return klass, code_of(klass, found)
+
+
+def torchrun_end(outcome: Outcome, launch: Launch, memory: Optional[oom.Counter]) -> TorchrunEnd:
+    """How torchrun's run of ``launch`` ended: its root cause (:func:`launcher.failure.find_root_cause`, with the
+    OOM killer's evidence when ``memory``, the OOM-kill count before it started, rose), class and code. The
+    verdict (:func:`judge`) and the generations (:mod:`launcher.generations`) both read an end this way."""
+    cause = out_of_memory(outcome, failure.find_root_cause(outcome, launch), memory)
+    return TorchrunEnd(cause, *class_and_code(outcome, cause))
 
 
 def remote_class(kind: str, code: int, head: str) -> str:
@@ -158,7 +189,7 @@ def write_outcome(path: str, data: Mapping[str, Any]) -> Optional[str]:
     return replace_file(path, text.encode("ascii"), ".outcome.")
 
 
-def own_verdict(klass: str, code: int, outcome: Outcome, cause: Any, text: str, host: str) -> Verdict:
+def own_verdict(klass: str, code: int, outcome: Outcome, cause: Optional[RootCause], text: str, host: str) -> Verdict:
     """This host's verdict from its own evidence (``cause``: :class:`launcher.failure.RootCause`)."""
     import signal as signals
 
@@ -197,17 +228,17 @@ def is_secondary(exception: str, rank: Optional[int]) -> bool:
     return rank is None or failure.peer_lost(exception)
 
 
-def restart_cause(watch: Any) -> Optional[int]:
+def restart_cause(watch: Optional[JobWatch]) -> Optional[int]:
     """With restarts, the node whose failure node 0's decision that ended the job named as the root cause (the
     same on every host, by time and stops, never by a message's words); None without such a decision (the last
     generation ended otherwise: a loss, no decision in time)."""
-    decisions = getattr(watch, "decisions", None) or {}
+    decisions = watch.decisions if watch is not None else {}
     last = decisions[max(decisions)] if decisions else {}
     cause = None if last.get("restart") else last.get("cause")
     return int(cause["node"]) if isinstance(cause, dict) and "node" in cause else None
 
 
-def job_result(cause: Any, code: int, text: str, primary: bool, off: str = "",
+def job_result(cause: Optional[Event], code: int, text: str, primary: bool, off: str = "",
                limit: int = DEFAULT_LIMIT) -> tuple[int, str]:
     """The job's exit code and this host's report, given the job watch's root cause (an
     :class:`launcher.jobwatch.Event`, or None): another host's cause first, then what happened here.
@@ -245,15 +276,15 @@ def no_rendezvous_reason(master: str, port: int, node_rank: int) -> str:
     return f"{master}:{port} never answered: is node 0 up, and is the port open between the hosts?"
 
 
-def judge(cluster: Any, options: Any, platform: Any, launch: Any, outcome: Outcome,
-          watch: Any = None, hangs: Any = None, outside: bool = False,
-          memory: Optional[oom.Counter] = None) -> tuple[Verdict, str]:
+def judge(run: Run, outcome: Outcome, memory: Optional[oom.Counter] = None) -> tuple[Verdict, str]:
     """This host's verdict and report (empty on success); with a job watch, the job's root cause first.
-    A hang decided by ``hangs`` (:class:`launcher.hangwatch.HangWatch`) is the job's verdict on every host.
-    ``outside``: a host outside the training world (:mod:`launcher.groups`) ran the script itself.
+    A hang decided by the run's hang detection (:class:`launcher.hangwatch.HangWatch`) is the job's verdict on
+    every host. A host outside the training world (:mod:`launcher.groups`) ran the script itself.
     ``memory``: the OOM-kill counter as it was before torchrun started (:func:`launcher.oom.snapshot`)."""
     from launcher.command import address_of, master_port
 
+    cluster, options, launch, outside = run.plan.cluster, run.plan.invocation.options, run.plan.launch, run.direct
+    platform, watch, hangs = run.plan.choice.platform, run.watch, run.hangs
     limit = platform.report_limit or DEFAULT_LIMIT
     text = ""
     if outside:
@@ -267,10 +298,7 @@ def judge(cluster: Any, options: Any, platform: Any, launch: Any, outcome: Outco
             codes.WORKER_SIGNAL if outcome.returncode < 0 else codes.WORKER_EXIT)
         text = groups.report(cluster, outcome, code, limit) if code != 0 else ""
     else:
-        cause = out_of_memory(outcome, failure.find_root_cause(outcome, launch), memory)
-        found = failure.exit_code(outcome, cause)
-        klass = classify(outcome, cause, found)
-        code = code_of(klass, found)
+        cause, klass, code = torchrun_end(outcome, launch, memory)
     if code != 0 and not outside:
         port = master_port(cluster, options)
         rendezvous = (f"{cluster.master_addr}:{port} as node {cluster.node_rank} of {cluster.nnodes}, "

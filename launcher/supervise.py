@@ -73,6 +73,36 @@ class HangHook(Protocol):
     def attach(self, request: Optional[Callable[[float, str], None]], pid: Optional[int] = None) -> None: ...
 
 
+class Context(Protocol):
+    """What supervise needs of the run (:class:`launcher.runcontext.Run`): the environment, the log, the watchdog,
+    the job watch and hang detection (None: off), the grace period, whether the launch is the script itself
+    (``direct``: a host outside the training world, :mod:`launcher.groups`) and the rendezvous bound."""
+
+    @property
+    def environ(self) -> Mapping[str, str]: ...
+
+    @property
+    def log(self) -> Callable[[str], None]: ...
+
+    @property
+    def watchdog(self) -> proctree.Watchdog: ...
+
+    @property
+    def watch(self) -> Optional[JobWatch]: ...
+
+    @property
+    def hangs(self) -> Optional[HangHook]: ...
+
+    @property
+    def grace_period(self) -> float: ...
+
+    @property
+    def direct(self) -> bool: ...
+
+    @property
+    def rendezvous_bound(self) -> Optional[float]: ...
+
+
 class StderrTail:
     """The last ``lines`` lines of a byte stream, each cut to ``line_bytes``: bounded whatever is fed."""
 
@@ -239,23 +269,23 @@ class _StopSignals:
                 os.kill(pid, signum)
 
 
-def supervise(launch: Launch, environ: Mapping[str, str], grace_period: float, log: Callable[[str], None],
-              watchdog: proctree.Watchdog, watch: Optional[JobWatch] = None,
-              rendezvous_timeout: Optional[float] = None, hangs: Optional[HangHook] = None,
-              direct: bool = False, quick_end: bool = False) -> Outcome:
-    """Run the launch to its end and return how it ended. Blocks; installs signal handlers.
+def supervise(run: Context, launch: Launch, quick_end: bool = False) -> Outcome:
+    """Run the launch (the plan's, or a generation's) to its end and return how it ended. Blocks; installs
+    signal handlers.
 
-    ``watchdog`` (forked before this is called) is told to guard torchrun's tree. ``watch`` (the job
-    watch, :mod:`launcher.jobwatch`) gets the stop hook while torchrun runs. If no worker has started
-    ``rendezvous_timeout`` seconds after torchrun (a master port held by another program leaves
-    torchrun's store client waiting for ever), torchrun is killed and the outcome says so. ``hangs``
-    (hang detection) sees every output chunk and gets the stop hook and torchrun's pid. ``quick_end``
-    (restarts: every second counts): once torchrun has printed its failure table and has no worker left,
-    it is killed instead of waited for through its interpreter's teardown (seconds on a loaded host).
+    The run's watchdog (forked before this is called) is told to guard torchrun's tree. Its job watch
+    (:mod:`launcher.jobwatch`) gets the stop hook while torchrun runs. If no worker has started by the run's
+    rendezvous bound (a master port held by another program leaves torchrun's store client waiting for ever),
+    torchrun is killed and the outcome says so. Its hang detection sees every output chunk and gets the stop
+    hook and torchrun's pid. ``quick_end`` (restarts: every second counts): once torchrun has printed its
+    failure table and has no worker left, it is killed instead of waited for through its interpreter's
+    teardown (seconds on a loaded host).
     """
+    environ, log, watchdog, watch, hangs = run.environ, run.log, run.watchdog, run.watch, run.hangs
+    direct, rendezvous_timeout = run.direct, run.rendezvous_bound
     os.makedirs(launch.log_dir, exist_ok=True)
     proctree.become_subreaper()
-    stop = _StopSignals(grace_period, log, direct=direct)
+    stop = _StopSignals(run.grace_period, log, direct=direct)
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     previous.update({sig: signal.signal(sig, signal.SIG_IGN) for sig in FORWARD_ONLY})  # inherited by torchrun
     if watch is not None:

@@ -176,3 +176,41 @@ def test_the_verdict_has_one_home():
     for name in ("conclude", "job_report", "is_secondary", "REPORT_LIMIT"):
         assert not hasattr(jobwatch, name)
     assert not hasattr(preflight, "no_rendezvous_reason") and hasattr(report, "no_rendezvous_reason")
+
+
+ROOT_CAUSES = st.none() | st.builds(
+    RootCause, rank=st.none() | st.integers(0, 64), local_rank=st.none() | st.integers(0, 8),
+    exitcode=st.none() | st.integers(-64, 255), exception=st.sampled_from(
+        ["ValueError: bad", "torch.distributed.DistNetworkError: connect() timed out", "RendezvousError: closed",
+         "torchrun failed", ""]),
+    detail=st.just(""), asked=st.none() | st.integers(0, 255),
+    oom=st.sampled_from(["", "the cgroup's oom_kill count rose from 0 to 1"]),
+).filter(lambda c: not (c.oom and c.asked is not None))  # report.out_of_memory never blames a code asked for
+
+
+@settings(max_examples=500)
+@given(returncode=st.integers(-64, 255), stop=st.none() | st.integers(1, 64), no_rendezvous=st.booleans(),
+       root=ROOT_CAUSES)
+def test_the_one_rule_gives_every_torchrun_end_a_class_and_its_code(returncode, stop, no_rendezvous, root):
+    # report.class_and_code: the rule the verdict and the generations share (report.torchrun_end), over every end.
+    outcome = Outcome(returncode, 1, stop_signal=stop, no_rendezvous=no_rendezvous)
+    klass, code = report.class_and_code(outcome, root)
+    assert klass in CLASSES and 0 <= code <= 255
+    assert (code == 0) == (klass == codes.SUCCESS)  # success and exit code 0 go together, nothing else gives 0
+    fixed = {codes.RENDEZVOUS: codes.RENDEZVOUS_CODE, codes.OUT_OF_MEMORY: codes.OUT_OF_MEMORY_CODE}
+    if returncode == 0:
+        assert klass == codes.SUCCESS
+    elif stop is not None:
+        assert (klass, code) == (codes.STOPPED, 128 + stop)
+    elif no_rendezvous:
+        assert (klass, code) == (codes.RENDEZVOUS, codes.RENDEZVOUS_CODE)
+    elif root is not None and root.asked is not None:  # the script's own code survives a crash in teardown
+        assert code == fixed.get(klass, root.asked) and klass != codes.WORKER_SIGNAL
+    if klass in fixed:
+        assert code == fixed[klass]
+    if klass == codes.OUT_OF_MEMORY:
+        assert root is not None and root.oom
+    if klass == codes.WORKER_SIGNAL:  # a worker's own signal: 128 + N
+        assert root is not None and root.rank is not None and root.exitcode < 0 and code == 128 - root.exitcode
+    if klass == codes.RENDEZVOUS and not no_rendezvous:  # torchrun's own words, before any worker
+        assert root is not None and root.rank is None and ("Rendezvous" in root.exception or "Dist" in root.exception)

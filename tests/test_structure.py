@@ -248,3 +248,96 @@ def test_plan_imports_no_service_module(tmp_path) -> None:
     watch, hangs, restarts, loaded = json.loads(out.stdout)
     assert (watch, hangs, restarts) == (True, True, True)
     assert sorted(set(loaded) & set(SERVICES)) == []
+
+
+def _loose(annotation: ast.expr | None) -> bool:
+    """True for a parameter's annotation that says nothing: none, ``Any`` or ``object``, alone or in an
+    ``Optional``/``Union`` (inside a container, as a JSON value's type, ``Any`` is allowed)."""
+    if annotation is None:
+        return True
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):  # a quoted annotation
+        return _loose(ast.parse(annotation.value, mode="eval").body)
+    if isinstance(annotation, ast.Name):
+        return annotation.id in ("Any", "object")
+    if isinstance(annotation, ast.Attribute):
+        return annotation.attr == "Any"
+    if isinstance(annotation, ast.BinOp):  # X | Y
+        return _loose(annotation.left) or _loose(annotation.right)
+    if isinstance(annotation, ast.Subscript) and ast.unparse(annotation.value) in ("Optional", "Union"):
+        inner = annotation.slice
+        return any(_loose(e) for e in (inner.elts if isinstance(inner, ast.Tuple) else [inner]))
+    return False
+
+
+def loose_parameters(path: str) -> list[str]:
+    """Every parameter of every function in ``path`` (methods' ``self``/``cls`` aside) annotated with nothing,
+    ``Any`` or ``object``, as ``function(parameter)``."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = node.args
+        params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(p for p in (a.vararg, a.kwarg) if p is not None)]
+        found += [f"{node.name}({p.arg})" for i, p in enumerate(params)
+                  if not (i == 0 and p.arg in ("self", "cls")) and _loose(p.annotation)]
+    return found
+
+
+def test_the_loose_parameter_check_finds_what_it_looks_for(tmp_path) -> None:
+    source = ("from typing import Any, Optional, Union\n"
+              "def f(a, b: Any, c: object, d: Optional[Any], e: 'Union[int, object]', f: Any | None, *g: int,\n"
+              "      h: dict[str, Any], i: Optional[int], j: 'typing.Any', **k) -> Any: ...\n"
+              "class C:\n    def m(self, x: int) -> None: ...\n")
+    path = tmp_path / "sample.py"
+    path.write_text(source)
+    assert loose_parameters(str(path)) == ["f(a)", "f(b)", "f(c)", "f(d)", "f(e)", "f(f)", "f(j)", "f(k)"]
+
+
+def test_the_run_core_has_no_loose_parameter() -> None:
+    # The verdict and the generations take the run (launcher/runcontext.py) and typed values: no parameter is
+    # Any or object (a JSON value's type inside a container may be Any); nor has the run context or the plan.
+    names = ("generations.py", "report.py", "runcontext.py", "plan.py")
+    assert {name: loose_parameters(os.path.join(PACKAGE, name)) for name in names} == dict.fromkeys(names, [])
+
+
+def calls_by_function(path: str) -> dict[str, set[str]]:
+    """For each top-level function of ``path``, the names it calls (``f(...)`` and ``module.f(...)`` give ``f``)."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    calls = {}
+    for top in tree.body:
+        if isinstance(top, (ast.FunctionDef, ast.ClassDef)):
+            calls[top.name] = {c.func.id if isinstance(c.func, ast.Name) else c.func.attr for c in ast.walk(top)
+                               if isinstance(c, ast.Call) and isinstance(c.func, (ast.Name, ast.Attribute))}
+    return calls
+
+
+def test_one_rule_turns_a_torchrun_end_into_a_class_and_a_code() -> None:
+    # classify and code_of are applied in one place (report.class_and_code), torchrun's evidence read into a root
+    # cause in one (report.torchrun_end), and the verdict and the generations both read an end through it.
+    callers: dict[str, list[str]] = {}
+    for path in modules_under(""):
+        module = os.path.relpath(path, PACKAGE)
+        for function, called in calls_by_function(path).items():
+            for name in ("classify", "code_of", "find_root_cause", "torchrun_end"):
+                if name in called:
+                    callers.setdefault(name, []).append(f"{module}:{function}")
+    assert callers == {"classify": ["report.py:class_and_code"], "code_of": ["report.py:class_and_code"],
+                       "find_root_cause": ["report.py:torchrun_end"],
+                       "torchrun_end": ["generations.py:_own_end", "report.py:judge"]}
+
+
+def test_the_run_context_and_the_plan_load_no_service_module() -> None:
+    # report imports the run context's types for its signature: they come from jobwatch, proctree and progress
+    # only while type checking, so a dry run (which loads report) still starts no service.
+    import subprocess
+    import sys
+
+    probe = "import sys\nimport launcher.runcontext, launcher.plan, launcher.report\nprint(sorted(sys.modules))\n"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert out.returncode == 0, out.stderr
+    loaded = set(ast.literal_eval(out.stdout))
+    assert {"launcher.runcontext", "launcher.plan"} <= loaded and sorted(loaded & set(SERVICES)) == []

@@ -14,6 +14,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
+from typing import Callable, NamedTuple, Optional
 
 from launcher import proctree
 from launcher.command import Launch
@@ -50,14 +52,27 @@ class Watch:
         open(os.path.join(self.where, "sent"), "w").close()
 
 
+class Run(NamedTuple):
+    """The run as supervise sees it (launcher.supervise.Context): the script itself, no hang detection."""
+
+    environ: Mapping[str, str]
+    log: Callable[[str], None]
+    watchdog: proctree.Watchdog
+    watch: Watch
+    hangs: None = None
+    grace_period: float = 60.0
+    direct: bool = True
+    rendezvous_bound: Optional[float] = None
+
+
 def main() -> int:
     where, times = sys.argv[1], int(sys.argv[2])
     launch = Launch((sys.executable, "-c", SCRIPT, where), {}, (), where, os.path.join(where, "error.json"),
                     os.path.join(where, "logs"))
     watchdog = proctree.Watchdog()
     try:
-        outcome = supervise(launch, os.environ, 60.0, lambda line: print(line, file=sys.stderr, flush=True),
-                            watchdog, watch=Watch(where, times), direct=True)
+        run = Run(os.environ, lambda line: print(line, file=sys.stderr, flush=True), watchdog, Watch(where, times))
+        outcome = supervise(run, launch)
     finally:
         watchdog.release()
     print(json.dumps({"returncode": outcome.returncode, "stop_signal": outcome.stop_signal, "pid": outcome.pid,
