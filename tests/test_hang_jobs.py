@@ -2,8 +2,9 @@
 
 tests/scripts/hang_worker.py hangs on purpose at step 3: one rank skips a collective and waits for a
 message (deadlock), loops for ever in Python, or blocks on a read; or every rank sleeps; or every rank is
-silent for a while and the job then finishes (with and without progress beats). Each test runs one job per
-layout (1 host x 4, 2 x 2, 4 x 1) side by side, as they mostly wait for the timeout, and proves of each:
+silent for a while and the job then finishes (with and without progress beats). Each test of a culprit runs one
+job per layout (1 host x 4, 2 x 2, 4 x 1) side by side, as they mostly wait for the timeout; the jobs whose
+ranks all do the same run on 2 x 2, the three side by side. Of each job the tests prove:
 
 - the job ended within the hang timeout + 15 s of the hang (the worker records when it stopped
   progressing), every host with exit code 124;
@@ -20,12 +21,12 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import pytest
 from conftest import REPO, assert_gone
 from test_simulate import job_pids, processes_inside, rank_records, read_json
-from test_simulate_netns import machine, start  # noqa: F401  (machine: a fixture used below)
+from test_simulate_netns import machine, machine_state, start  # noqa: F401  (machine: a fixture used below)
 
 from launcher import codes
 from launcher.simulate import netns
@@ -38,6 +39,7 @@ SCRIPT = os.path.join(REPO, "tests", "scripts", "hang_worker.py")
 TIMEOUT = 15.0  # --hang-timeout: above a loaded machine's torch import and rendezvous, which print nothing
 BOUND = 15.0  # the issue's bound past the timeout
 LAYOUTS = [(1, 4), (2, 2), (4, 1)]  # hosts x processes per host
+ArgsOf = Callable[[int, int], Sequence[str]]  # the script's arguments for a layout (hosts, processes per host)
 
 
 def line_of(mark: str) -> int:
@@ -117,23 +119,36 @@ def others(culprit: int, world: int) -> str:
     return f"rank {rest[0]}" if len(rest) == 1 else f"ranks {ranges(rest)}"
 
 
-def run_layouts(tmp_path: Any, args_of: Callable[[int, int], Sequence[str]]) -> list[dict[str, Any]]:
-    """One job per layout of :data:`LAYOUTS`, side by side (they mostly wait for the timeout), with the script
-    arguments ``args_of(hosts, nproc)``; every job is ended before any is judged."""
-    jobs = []
+def run_layouts(tmp_path: Any, modes: dict[str, ArgsOf]) -> dict[str, list[dict[str, Any]]]:
+    """For each mode, one job per layout of :data:`LAYOUTS`, all side by side (they mostly wait for the timeout),
+    with the script arguments ``args_of(hosts, nproc)``; every job is ended before any is judged."""
+    jobs: list[tuple[str, tuple[Any, str, int]]] = []
     try:
-        for hosts, nproc in LAYOUTS:
-            jobs.append(start_job(tmp_path, hosts, nproc, *args_of(hosts, nproc)))
-        return [end_job(*job) for job in jobs]
+        for mode, args_of in modes.items():
+            for hosts, nproc in LAYOUTS:
+                jobs.append((mode, start_job(tmp_path, hosts, nproc, *args_of(hosts, nproc))))
+        ended = [(mode, end_job(*job)) for mode, job in jobs]
+        return {mode: [result for m, result in ended if m == mode] for mode in modes}
     finally:
-        for sim, _, _ in jobs:
+        for _, (sim, _, _) in jobs:
             if sim.proc.poll() is None:
                 sim.abort()
 
 
-def test_rank_skips_a_collective(tmp_path: Any) -> None:
-    results = run_layouts(tmp_path, lambda hosts, nproc: ("--mode", "skip", "--rank", str(hosts * nproc - 1)))
-    for result, (hosts, nproc) in zip(results, LAYOUTS):
+@pytest.fixture(scope="module")
+def blocked(tmp_path_factory: Any) -> dict[str, list[dict[str, Any]]]:
+    """The jobs whose culprit blocks (no CPU used): a skipped collective (the last rank) and a read (rank 2), every
+    layout of each, the six side by side; then the machine's network is as it was."""
+    before = machine_state()
+    modes = {"skip": lambda hosts, nproc: ("--mode", "skip", "--rank", str(hosts * nproc - 1)),
+             "read": lambda hosts, nproc: ("--mode", "read", "--rank", "2")}
+    results = run_layouts(tmp_path_factory.mktemp("blocked"), modes)
+    assert machine_state() == before
+    return results
+
+
+def test_rank_skips_a_collective(blocked: dict[str, list[dict[str, Any]]]) -> None:
+    for result, (hosts, nproc) in zip(blocked["skip"], LAYOUTS):
         culprit = hosts * nproc - 1
         check_hang(result, f"rank {culprit} ({host_of(culprit, nproc)}) at "
                            f"hang_worker.py:{line_of('skip')} in wait_for_peer (in recv); "
@@ -141,31 +156,65 @@ def test_rank_skips_a_collective(tmp_path: Any) -> None:
 
 
 def test_rank_loops_for_ever(tmp_path: Any) -> None:
-    results = run_layouts(tmp_path, lambda hosts, nproc: ("--mode", "loop", "--rank", "1"))
+    results = run_layouts(tmp_path, {"loop": lambda hosts, nproc: ("--mode", "loop", "--rank", "1")})["loop"]
     for result, (hosts, nproc) in zip(results, LAYOUTS):
         check_hang(result, f"rank 1 ({host_of(1, nproc)}) at "
                            f"hang_worker.py:{line_of('loop')} in spin; {others(1, hosts * nproc)} in all_reduce")
 
 
-def test_rank_blocks_on_a_read(tmp_path: Any) -> None:
-    results = run_layouts(tmp_path, lambda hosts, nproc: ("--mode", "read", "--rank", "2"))
-    for result, (hosts, nproc) in zip(results, LAYOUTS):
+def test_rank_blocks_on_a_read(blocked: dict[str, list[dict[str, Any]]]) -> None:
+    for result, (hosts, nproc) in zip(blocked["read"], LAYOUTS):
         check_hang(result, f"rank 2 ({host_of(2, nproc)}) at "
                            f"hang_worker.py:{line_of('read')} in read_input; {others(2, hosts * nproc)} in all_reduce")
 
 
-def test_every_rank_sleeps_no_odd_one_out(tmp_path: Any) -> None:
-    for result in run_layouts(tmp_path, lambda hosts, nproc: ("--mode", "sleep")):
-        check_hang(result, f"no rank stands out: every rank at "
-                           f"hang_worker.py:{line_of('sleep')} in wait_forever")
+# Jobs whose ranks all do the same: where they are does not depend on the layout, so one layout (2 hosts x 2
+# processes: ranks on two hosts and two ranks per host) runs each, all three side by side.
+SILENT = {"silent": TIMEOUT / 2, "beat": TIMEOUT * 1.5}  # seconds without a word (beat: with a beat every second)
+ALIKE = {"sleep": ("--mode", "sleep"),
+         **{mode: ("--mode", mode, "--silent", f"{silent:g}") for mode, silent in SILENT.items()}}
 
 
-@pytest.mark.parametrize("mode, silent", [("silent", TIMEOUT / 2), ("beat", TIMEOUT * 1.5)])
-def test_a_silent_job_finishes(tmp_path: Any, mode: str, silent: float) -> None:
+@pytest.fixture(scope="module")
+def alike(tmp_path_factory: Any) -> dict[str, Union[dict[str, Any], BaseException]]:
+    """The :data:`ALIKE` jobs, run side by side on 2 x 2, each to its end: its result, or what it raised (raised
+    again by the test that looks at it); then the machine's network is as it was."""
+    before = machine_state()
+    jobs, results = {}, {}
+    try:
+        for mode, args in ALIKE.items():
+            jobs[mode] = start_job(tmp_path_factory.mktemp(f"alike-{mode}"), 2, 2, *args)
+        for mode, job in jobs.items():
+            try:
+                results[mode] = end_job(*job)
+            except Exception as exc:  # noqa: BLE001  (the test of that job raises it)
+                results[mode] = exc
+    finally:
+        for sim, _, _ in jobs.values():
+            if sim.proc.poll() is None:
+                sim.abort()
+    assert machine_state() == before
+    return results
+
+
+def result_of(results: dict[str, Union[dict[str, Any], BaseException]], mode: str) -> dict[str, Any]:
+    """The job's result; what it raised, raised again here."""
+    result = results[mode]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def test_every_rank_sleeps_no_odd_one_out(alike: dict[str, Union[dict[str, Any], BaseException]]) -> None:
+    check_hang(result_of(alike, "sleep"),
+               f"no rank stands out: every rank at hang_worker.py:{line_of('sleep')} in wait_forever")
+
+
+@pytest.mark.parametrize("mode", sorted(SILENT))
+def test_a_silent_job_finishes(alike: dict[str, Union[dict[str, Any], BaseException]], mode: str) -> None:
     # Half the timeout without a word; or longer than the timeout, with a progress beat every second.
-    results = run_layouts(tmp_path, lambda hosts, nproc: ("--mode", mode, "--silent", f"{silent:g}"))
-    for result, layout in zip(results, LAYOUTS):
-        assert result["code"] == 0, (layout, result["stderr"][-4000:])
-        assert all(h["exit_code"] == 0 for h in result["summary"]["hosts"]), layout
-        assert "hang:" not in result["stderr"] and set(result["reports"].values()) == {None}, layout
-        assert result["since_hang"] >= silent, layout
+    result = result_of(alike, mode)
+    assert result["code"] == 0, result["stderr"][-4000:]
+    assert all(h["exit_code"] == 0 for h in result["summary"]["hosts"])
+    assert "hang:" not in result["stderr"] and set(result["reports"].values()) == {None}
+    assert result["since_hang"] >= SILENT[mode]

@@ -5,10 +5,10 @@ no host, so what happens is the launchers' own doing), one rank each, tests/scri
 all-reducing every 0.25 s. At the launcher's default settings:
 
 - transient faults (simulate's ``--fault HOST:KIND:step=N:SECONDS``) leave the job running: it trains
-  to its last step after the faults have ended, and every host exits 0: a link down for 2, then 5, then
-  10 s on either host (the master's too), a launcher paused for 5 then 10 s, every process of a host
-  paused for 5 s, a host starved to 0.1 % of a CPU for 10 s, every CPU saturated by busy loops for a
-  minute (one job per host meets them all in turn);
+  to its last step after the faults have ended, and every host exits 0: a link down for 2, then 10 s on
+  either host (the master's too), a launcher paused for 10 s, every process of a host paused for 5 s, a
+  host starved to 0.1 % of a CPU for 10 s, every CPU saturated by busy loops for 40 s (longer than the
+  loss timeout) (one job per host meets them all in turn);
 - a host that is really gone (power off, a partition that never heals) still ends the job on every host
   within the loss timeout + 2 s, every report naming the lost host, exit code 137: those two are in
   tests/test_jobwatch_netns.py, with the other definite ends (a worker's exit, its SIGKILL).
@@ -81,9 +81,11 @@ def nothing_left(sim: Simulate, workdir: str, processes: list[int], holder: list
 # ------------------------------------------------------------------------------------------------
 # One job per host meets every kind of fault in turn (a real job meets several), each AFTER s of training
 # after the end of the one before: a job per host, not per kind, spares seven start-ups of torch.
-TRANSIENT = {"algo-1": (("blip", (2, 5, 10)), ("pause", (5, 10)), ("vmpause", (5,)), ("starve", (10,))),
-             "algo-2": (("blip", (2, 5, 10)), ("pause", (5, 10)), ("vmpause", (5,)), ("starve", (10,)),
-                        ("saturate", (60,)))}
+# Each kind at the ends of its range below the loss timeout (30 s): a link down for 2 s and for 10 s, a launcher
+# paused for 10 s; CPUs saturated for longer than the loss timeout (the heartbeats must still get through).
+TRANSIENT = {"algo-1": (("blip", (2, 10)), ("pause", (10,)), ("vmpause", (5,)), ("starve", (10,))),
+             "algo-2": (("blip", (2, 10)), ("pause", (10,)), ("vmpause", (5,)), ("starve", (10,)),
+                        ("saturate", (40,)))}
 STALLING = ("blip", "vmpause", "starve")  # the workers wait in a collective while it lasts
 
 

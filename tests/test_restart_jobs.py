@@ -13,12 +13,12 @@ import glob
 import os
 import re
 import subprocess
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Union
 
 import pytest
 from conftest import REPO, assert_gone, launcher_env
 from test_simulate import Simulate, processes_inside, read_json
-from test_simulate_netns import machine  # noqa: F401  (a fixture used below)
+from test_simulate_netns import machine, machine_state  # noqa: F401  (machine: a fixture used below)
 
 from launcher import codes
 from launcher.simulate import netns
@@ -150,18 +150,51 @@ def test_one_failure_restarts_every_host_once_and_the_job_finishes(tmp_path: Any
     assert len(results["exits"].outcomes) == 2
 
 
-def test_restarting_stops_where_it_cannot_help(tmp_path: Any) -> None:
-    # Side by side: the same exception twice without progress (budget 3); a budget used up (a worker exits 3
-    # in every generation, after progress; budget 1); a lost host (budget 2); a SIGTERM from the platform
-    # inside a restart, before the new generation's first step (budget 2).
-    same = launch(tmp_path, "same", 2, "--fail", "raise", "--fail-step", "0", "--fail-in", "all", max_restarts="3")
-    budget = launch(tmp_path, "budget", 2, "--fail", "exit", "--fail-in", "all", max_restarts="1")
-    lost = launch(tmp_path, "lost", 2, "--steps", "20", sim_args=("--fault", "algo-2:SIGKILL:step=2"),
-                  max_restarts="2")
-    stop = launch(tmp_path, "stop", 2, "--fail", "exit", "--window-in", "1",
-                  sim_args=("--fault", "algo-1:SIGTERM:step=99"), max_restarts="2")
-    results = {name: finish(job) for name, job in (("same", same), ("budget", budget), ("lost", lost),
-                                                   ("stop", stop))}
+@pytest.fixture(scope="module")
+def side_by_side(tmp_path_factory: Any) -> dict[str, tuple[Job, Union[Result, BaseException]]]:
+    """Six jobs side by side, each to its end (its result, or what proving it left nothing raised):
+
+    - ``same``: the same exception twice without progress (budget 3);
+    - ``budget``: a budget used up (a worker exits 3 in every generation, after progress; budget 1);
+    - ``lost``: a lost host (budget 2);
+    - ``stop``: a SIGTERM from the platform inside a restart, before the new generation's first step (budget 2);
+    - ``hang``: rank 1 stops taking part at step 3 of generation 0, the others wait in the collective: no progress
+      anywhere for the hang timeout (above a loaded machine's torch import and rendezvous, which print nothing);
+    - ``four``: 4 hosts, a worker exits 3 in generations 0 and 1 (budget 2)."""
+    tmp_path = tmp_path_factory.mktemp("side-by-side")
+    before = machine_state()
+    jobs = {"same": launch(tmp_path, "same", 2, "--fail", "raise", "--fail-step", "0", "--fail-in", "all",
+                           max_restarts="3"),
+            "budget": launch(tmp_path, "budget", 2, "--fail", "exit", "--fail-in", "all", max_restarts="1"),
+            "lost": launch(tmp_path, "lost", 2, "--steps", "20", sim_args=("--fault", "algo-2:SIGKILL:step=2"),
+                           max_restarts="2"),
+            "stop": launch(tmp_path, "stop", 2, "--fail", "exit", "--window-in", "1",
+                           sim_args=("--fault", "algo-1:SIGTERM:step=99"), max_restarts="2"),
+            "hang": launch(tmp_path, "hang", 2, "--fail", "hang", max_restarts="1", hang_timeout="15"),
+            "four": launch(tmp_path, "four", 4, "--fail", "exit", "--fail-in", "0,1", "--fail-step", "2",
+                           max_restarts="2")}
+    ended: dict[str, tuple[Job, Union[Result, BaseException]]] = {}
+    for name, job in jobs.items():
+        try:
+            ended[name] = (job, finish(job))
+        except Exception as exc:  # noqa: BLE001  (the test of that job raises it)
+            ended[name] = (job, exc)
+    assert machine_state() == before  # every lab is gone: namespaces, links, hosts file, hostname
+    return ended
+
+
+def result_of(jobs: dict[str, tuple[Job, Union[Result, BaseException]]], name: str) -> tuple[Job, Result]:
+    """The job and its result; what it raised, raised again here."""
+    job, result = jobs[name]
+    if isinstance(result, BaseException):
+        raise result
+    return job, result
+
+
+def test_restarting_stops_where_it_cannot_help(side_by_side: dict[str, tuple[Job, Any]]) -> None:
+    ended = {name: result_of(side_by_side, name) for name in ("same", "budget", "lost", "stop")}
+    same, budget, lost, stop = (ended[name][0] for name in ("same", "budget", "lost", "stop"))
+    results = {name: result for name, (_, result) in ended.items()}
 
     result = results["same"]  # generation 1 failed like generation 0 and made no progress: stopped, 93
     assert set(result.exits.values()) == {codes.NO_PROGRESS_CODE}, same.sim.stderr[-4000:]
@@ -197,11 +230,8 @@ def test_restarting_stops_where_it_cannot_help(tmp_path: Any) -> None:
     assert not any("restart 2 of" in line for lines in result.logs.values() for line in lines)
 
 
-def test_a_hang_is_restarted_once_and_the_job_finishes(tmp_path: Any) -> None:
-    # Rank 1 stops taking part at step 3 of generation 0; the others wait in the collective: no progress anywhere
-    # for the hang timeout (above a loaded machine's torch import and rendezvous, which print nothing).
-    job = launch(tmp_path, "hang", 2, "--fail", "hang", max_restarts="1", hang_timeout="15")
-    result = finish(job)
+def test_a_hang_is_restarted_once_and_the_job_finishes(side_by_side: dict[str, tuple[Job, Any]]) -> None:
+    job, result = result_of(side_by_side, "hang")
     assert set(result.exits.values()) == {0}, job.sim.stderr[-4000:]
     for host, outcome in result.outcomes.items():
         [restart] = outcome["restarts"]
@@ -213,9 +243,8 @@ def test_a_hang_is_restarted_once_and_the_job_finishes(tmp_path: Any) -> None:
     assert all(r["old_alive"] == [] for r in result.records.values())
 
 
-def test_three_generations_on_four_hosts_leave_no_old_process(tmp_path: Any) -> None:
-    job = launch(tmp_path, "four", 4, "--fail", "exit", "--fail-in", "0,1", "--fail-step", "2", max_restarts="2")
-    result = finish(job)
+def test_three_generations_on_four_hosts_leave_no_old_process(side_by_side: dict[str, tuple[Job, Any]]) -> None:
+    job, result = result_of(side_by_side, "four")
     assert set(result.exits.values()) == {0}, job.sim.stderr[-4000:]
     assert sorted(result.records) == [f"g{g}.r{r}" for g in range(3) for r in range(4)]
     for host in result.summary["hosts"]:  # simulate's summary shows the generations
