@@ -176,13 +176,26 @@ def _is_threading_start(frame: Frame) -> bool:
     return frame.func in THREADING_FRAMES and frame.file.endswith("threading.py")
 
 
-def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
-    """The thread the script runs in: the one not started by ``threading`` (either of its two outermost
+def thread_id(ident: str) -> Optional[int]:
+    """A header's thread id as a number (``0x00007f5624a8ab80``); None for a thread whose header was lost."""
+    try:
+        return int(ident, 16) if ident.startswith("0x") else None
+    except ValueError:
+        return None
+
+
+def main_thread(threads: Sequence[Thread], main: Optional[int] = None) -> Optional[Thread]:
+    """The thread the script runs in. When its id ``main`` is known (the worker's bootstrap recorded
+    ``threading.main_thread().ident``, the number in faulthandler's header): the thread with that id, else
+    None. Else by its looks: the one not started by ``threading`` (either of its two outermost
     frames is threading's, so that one lost frame does not hide it) whose outermost frame is
     ``<module>``, else one not started by ``threading`` with a frame outside the standard library (the
     script's, a package's), else any not started by ``threading``, else the one that took the signal. The
     launcher's sampler (:data:`SAMPLER`) is never it, even when its dump was cut short (another thread
     wrote into it, so that its outermost frames are missing)."""
+    if main is not None:
+        return next((t for t in threads if thread_id(t.ident) == main), None)
+
     def started_by_threading(t: Thread) -> bool:
         first = t.frames[0]
         return (any(_is_threading_start(f) for f in t.frames[-2:])
@@ -209,10 +222,11 @@ def is_distributed_wait(frame: Frame) -> bool:
         (DDP_PART in frame.file and frame.func in DDP_WAITS)
 
 
-def position(threads: Sequence[Thread], own: Sequence[str] = ()) -> Optional[Position]:
-    """Where the rank's main thread is (see :class:`Position`); None when the dump has no frame. Without a
-    user frame, the innermost frame stands for it and every frame is looked at for a distributed wait."""
-    thread = main_thread(threads)
+def position(threads: Sequence[Thread], own: Sequence[str] = (), main: Optional[int] = None) -> Optional[Position]:
+    """Where the rank's main thread is (see :class:`Position`, :func:`main_thread`: ``main`` its id, when
+    known); None when the dump has no frame of it. Without a user frame, the innermost frame stands for it
+    and every frame is looked at for a distributed wait."""
+    thread = main_thread(threads, main)
     if thread is None or not thread.frames:
         return None
     frames = thread.frames
