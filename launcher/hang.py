@@ -74,6 +74,8 @@ THREADING_BOOTSTRAP = "_bootstrap"
 THREADING_FRAMES = frozenset({THREADING_BOOTSTRAP, "_bootstrap_inner"})
 # the launcher's sampler thread: its innermost frame is in launcher/bootstrap.py, in none of the main thread's
 SAMPLER = ("/bootstrap.py", ("run", "<module>"))
+# the outermost frame of the main thread of a worker started through launcher/bootstrap.py
+BOOTSTRAP_MAIN = ("/bootstrap.py", "<module>")
 
 
 class Frame(NamedTuple):
@@ -186,15 +188,19 @@ def thread_id(ident: str) -> Optional[int]:
 
 def main_thread(threads: Sequence[Thread], main: Optional[int] = None) -> Optional[Thread]:
     """The thread the script runs in. When its id ``main`` is known (the worker's bootstrap recorded
-    ``threading.main_thread().ident``, the number in faulthandler's header): the thread with that id, else
-    None. Else by its looks: the one not started by ``threading`` (either of its two outermost
-    frames is threading's, so that one lost frame does not hide it) whose outermost frame is
-    ``<module>``, else one not started by ``threading`` with a frame outside the standard library (the
-    script's, a package's), else any not started by ``threading``, else the one that took the signal. The
+    ``threading.main_thread().ident``, the number in faulthandler's header): the thread with that id, or the
+    one whose header another thread's output broke (:func:`parse_dumps`) and whose outermost frame is the
+    bootstrap's (:data:`BOOTSTRAP_MAIN`), else None. Else by its looks: the one not started by ``threading``
+    (either of its two outermost frames is threading's, so that one lost frame does not hide it) whose
+    outermost frame is ``<module>``, else one not started by ``threading`` with a frame outside the standard
+    library (the script's, a package's), else any not started by ``threading``, else the one that took the signal. The
     launcher's sampler (:data:`SAMPLER`) is never it, even when its dump was cut short (another thread
     wrote into it, so that its outermost frames are missing)."""
     if main is not None:
-        return next((t for t in threads if thread_id(t.ident) == main), None)
+        return next((t for t in threads if thread_id(t.ident) == main),
+                    next((t for t in threads if t.ident.startswith("?") and t.frames[-1:] and
+                          t.frames[-1].file.endswith(BOOTSTRAP_MAIN[0]) and t.frames[-1].func == BOOTSTRAP_MAIN[1]),
+                         None))
 
     def started_by_threading(t: Thread) -> bool:
         first = t.frames[0]

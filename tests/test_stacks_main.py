@@ -87,6 +87,14 @@ def test_the_recorded_main_thread_is_chosen_though_printed_last_after_one_that_l
     assert decoy is not None and decoy.frames[-1].file == "/job/fake.py", threads
     pos = hang.position(threads, (), taken.mains[3])
     assert pos is not None and (pos.file, pos.line, pos.func) == (str(tmp_path / "train.py"), LINE, "blocked")
+    # another thread's line (a C++ library's warning) breaks the main thread's header: its frames, read as a
+    # thread without a header, are still the main thread's (their outermost frame is the bootstrap's)
+    lines = (tmp_path / "stderr.log").read_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if f"{main:#018x} (most recent call first)" in line)
+    lines[head:head + 1] = [lines[head][:10] + "[W gloo] a warning", lines[head][10:]]
+    broken = hang.parse_dumps(lines, 3)[3]
+    assert len(broken) == 5 and all(hang.thread_id(t.ident) != main for t in broken), broken
+    assert hang.position(broken, (), main) == pos
 
 
 def test_a_dump_without_the_main_thread_gives_no_position_and_says_why(tmp_path: Any) -> None:
