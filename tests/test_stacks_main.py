@@ -29,10 +29,17 @@ from launcher import hang, stacks
 BOOTSTRAP = os.path.join(REPO, "launcher", "bootstrap.py")
 SCRIPT = textwrap.dedent("""
     import _thread, os, sys, threading, time
-    threads = int(sys.argv[2])
+    threads, chatty = int(sys.argv[2]), sys.argv[3:] == ["chatty"]
     def helper():
         while True:
             time.sleep(0.01)
+    def bar():  # a progress bar's refresh, as tqdm writes it: no newline
+        while True:
+            sys.stderr.write("\\r 38%|###7      | 3/8 [00:05<00:08,  1.63s/it]")
+            sys.stderr.flush()
+            time.sleep(0.0005)
+    if chatty:
+        threading.Thread(target=bar, daemon=True).start()
     for _ in range(threads):
         threading.Thread(target=helper, daemon=True).start()
     # a thread no ``threading`` started whose outermost frame is a <module>: it looks like a main thread
@@ -50,16 +57,18 @@ LINE = next(i for i, line in enumerate(SCRIPT.splitlines(), 1) if line.endswith(
 BOUND = 60.0  # stacks.take's bound: generous (a loaded host); the test ends far sooner
 
 
-def take_one(tmp_path: Any, threads: int) -> tuple[stacks.Taken, int, subprocess.Popen]:
-    """Start one worker through the bootstrap (rank 3, ``threads`` helper threads), freeze it, take its stacks."""
+def take_one(tmp_path: Any, threads: int, *mode: str) -> tuple[stacks.Taken, int, subprocess.Popen]:
+    """Start one worker through the bootstrap (rank 3, ``threads`` helper threads, with ``chatty`` a thread that
+    writes a progress bar meanwhile), freeze it, take its stacks."""
+    tmp_path.mkdir(exist_ok=True)
     script, exits, ready = tmp_path / "train.py", tmp_path / "exits", tmp_path / "ready"
     script.write_text(SCRIPT)
     exits.mkdir()
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "RANK": "3", "DDP_LAUNCHER_EXIT_DIR": str(exits)}
     env.pop("DDP_LAUNCHER_PROGRESS", None)
     with open(tmp_path / "stderr.log", "wb") as fh:
-        proc = subprocess.Popen([PYTHON, "-u", BOOTSTRAP, str(script), str(ready), str(threads)], stderr=fh,
-                                stdout=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen([PYTHON, "-u", BOOTSTRAP, str(script), str(ready), str(threads), *mode],
+                                stderr=fh, stdout=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 120
         while not ready.exists():
@@ -105,6 +114,18 @@ def test_a_dump_without_the_main_thread_gives_no_position_and_says_why(tmp_path:
     assert taken.why == {3: stacks.NO_MAIN}
     assert "no stack from rank 3 (its main thread is not in its dump)" in hang.culprit_sentence(
         {}, {}, 300, [3], taken.why)
+
+
+def test_a_progress_bar_written_into_the_dump_never_stands_another_threads_frame_in(tmp_path: Any) -> None:
+    for round_ in range(5):  # wherever the bar's writes land in faulthandler's (a line's words, a header)
+        taken, main, _ = take_one(tmp_path / str(round_), 2, "chatty")
+        pos = hang.position(taken.dumps[3], (), main)
+        text = (tmp_path / str(round_) / "stderr.log").read_text()
+        if pos is None:  # every frame of the main thread's lost to the bar: said as such
+            assert taken.why == {3: stacks.NO_MAIN}, text[-3000:]
+        else:  # its own frame (the bar may have broken the innermost one's line: then the script's <module>)
+            assert pos.file == str(tmp_path / str(round_) / "train.py") and pos.func in ("blocked", "<module>"), \
+                (pos, text[-3000:])
 
 
 @given(st.binary(max_size=80))
