@@ -15,7 +15,10 @@ plain script (it imports nothing from the launcher and only the standard library
   which torchrun, started with ``--max-restarts 0`` for every generation, would give as 0;
 - when the script ends, before interpreter teardown, writes the code it asked for (``SystemExit``'s
   code, 1 for an uncaught exception, 0 for a normal end) to ``$DDP_LAUNCHER_EXIT_DIR/<pid>.json``
-  with how far its stderr had got and when the worker started, then lets teardown run (atexit handlers, thread joins).
+  with how far its stderr had got and when the worker started, then lets teardown run (atexit handlers, thread joins);
+- before the script starts, writes its main thread's id (``threading.main_thread().ident``, the number
+  faulthandler prints in that thread's header) to ``$DDP_LAUNCHER_EXIT_DIR/<pid>.thread``, so that the
+  launcher knows which thread of a hung worker's stack dump is the script's (``launcher.stacks``).
 
 A crash later in teardown (torch's threads aborting: "terminate called without an active exception")
 then changes what torchrun sees, but not what the launcher reports (see ``launcher.failure``).
@@ -306,6 +309,20 @@ def _record(code):
         pass
 
 
+def _record_main_thread():
+    """Write the main thread's id (decimal) to ``<pid>.thread`` in the exit directory; never fails the script."""
+    directory = os.environ.get(EXIT_DIR_VARIABLE)
+    if not directory:
+        return
+    path = os.path.join(directory, f"{os.getpid()}.thread")
+    try:
+        with open(path + ".tmp", "w") as fh:
+            fh.write(str(threading.main_thread().ident))
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
 def _asked(code):
     """The process exit status ``SystemExit(code)`` gives, as Python computes it."""
     if code is None:
@@ -348,6 +365,7 @@ def run(argv):
         os.environ["TORCHELASTIC_RESTART_COUNT"] = os.environ[GENERATION_VARIABLE]
     sys.path[0] = os.path.dirname(os.path.realpath(path))
     module = _main_module(path)
+    _record_main_thread()
     sampling = start_sampler(os.environ)
     try:
         exec(code, module.__dict__)

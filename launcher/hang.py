@@ -74,6 +74,8 @@ THREADING_BOOTSTRAP = "_bootstrap"
 THREADING_FRAMES = frozenset({THREADING_BOOTSTRAP, "_bootstrap_inner"})
 # the launcher's sampler thread: its innermost frame is in launcher/bootstrap.py, in none of the main thread's
 SAMPLER = ("/bootstrap.py", ("run", "<module>"))
+# the outermost frame of the main thread of a worker started through launcher/bootstrap.py
+BOOTSTRAP_MAIN = ("/bootstrap.py", "<module>")
 
 
 class Frame(NamedTuple):
@@ -176,13 +178,30 @@ def _is_threading_start(frame: Frame) -> bool:
     return frame.func in THREADING_FRAMES and frame.file.endswith("threading.py")
 
 
-def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
-    """The thread the script runs in: the one not started by ``threading`` (either of its two outermost
-    frames is threading's, so that one lost frame does not hide it) whose outermost frame is
-    ``<module>``, else one not started by ``threading`` with a frame outside the standard library (the
-    script's, a package's), else any not started by ``threading``, else the one that took the signal. The
+def thread_id(ident: str) -> Optional[int]:
+    """A header's thread id as a number (``0x00007f5624a8ab80``); None for a thread whose header was lost."""
+    try:
+        return int(ident, 16) if ident.startswith("0x") else None
+    except ValueError:
+        return None
+
+
+def main_thread(threads: Sequence[Thread], main: Optional[int] = None) -> Optional[Thread]:
+    """The thread the script runs in. When its id ``main`` is known (the worker's bootstrap recorded
+    ``threading.main_thread().ident``, the number in faulthandler's header): the thread with that id, or the
+    one whose header another thread's output broke (:func:`parse_dumps`) and whose outermost frame is the
+    bootstrap's (:data:`BOOTSTRAP_MAIN`), else None. Else by its looks: the one not started by ``threading``
+    (either of its two outermost frames is threading's, so that one lost frame does not hide it) whose
+    outermost frame is ``<module>``, else one not started by ``threading`` with a frame outside the standard
+    library (the script's, a package's), else any not started by ``threading``, else the one that took the signal. The
     launcher's sampler (:data:`SAMPLER`) is never it, even when its dump was cut short (another thread
     wrote into it, so that its outermost frames are missing)."""
+    if main is not None:
+        return next((t for t in threads if thread_id(t.ident) == main),
+                    next((t for t in threads if t.ident.startswith("?") and t.frames[-1:] and
+                          t.frames[-1].file.endswith(BOOTSTRAP_MAIN[0]) and t.frames[-1].func == BOOTSTRAP_MAIN[1]),
+                         None))
+
     def started_by_threading(t: Thread) -> bool:
         first = t.frames[0]
         return (any(_is_threading_start(f) for f in t.frames[-2:])
@@ -209,10 +228,11 @@ def is_distributed_wait(frame: Frame) -> bool:
         (DDP_PART in frame.file and frame.func in DDP_WAITS)
 
 
-def position(threads: Sequence[Thread], own: Sequence[str] = ()) -> Optional[Position]:
-    """Where the rank's main thread is (see :class:`Position`); None when the dump has no frame. Without a
-    user frame, the innermost frame stands for it and every frame is looked at for a distributed wait."""
-    thread = main_thread(threads)
+def position(threads: Sequence[Thread], own: Sequence[str] = (), main: Optional[int] = None) -> Optional[Position]:
+    """Where the rank's main thread is (see :class:`Position`, :func:`main_thread`: ``main`` its id, when
+    known); None when the dump has no frame of it. Without a user frame, the innermost frame stands for it
+    and every frame is looked at for a distributed wait."""
+    thread = main_thread(threads, main)
     if thread is None or not thread.frames:
         return None
     frames = thread.frames

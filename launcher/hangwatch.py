@@ -355,10 +355,12 @@ class HangWatch:
         if taken.unread:
             dumps = {**self._wait_for_dumps(len(workers)), **dumps}
         positions = {rank: pos for rank, threads in dumps.items() if rank is not None
-                     for pos in [hang.position(threads, (OWN_DIR,))] if pos is not None}
+                     for pos in [hang.position(threads, (OWN_DIR,), taken.mains.get(rank))] if pos is not None}
         self._kids = [(rank, pid, pos) for rank, kids in sorted(taken.children.items()) for pid, threads in kids
                       for pos in [hang.position(threads, (OWN_DIR,))] if pos is not None]
         self._why = {rank: why for rank, why in taken.why.items() if rank not in positions}
+        self._why.update({rank: stacks.NO_MAIN for rank in taken.mains  # a dump from the copied output: said here
+                          if rank in dumps and rank not in positions and rank not in self._why})
         self._why.update({rank: "" for rank in self.hosts if rank not in positions and rank not in self._why})
         self.details = [f"rank {rank} ({self.hosts.get(rank, '?')}): " + (
             f"{positions[rank].where()}" + (f", in {positions[rank].call}" if positions[rank].call else "")

@@ -17,6 +17,11 @@ A worker whose stderr is no regular file (or whose ``/proc`` entry cannot be rea
 that torchrun copies to the launcher (``unread``). Before the workers, their children that write to the same
 file (a DataLoader's workers: they inherit faulthandler and the descriptor) dump the same way, one child per
 file at a time, so that a hang inside a loader's worker shows the dataset's line.
+
+Which thread of a dump is the script's: :mod:`launcher.bootstrap` writes the worker's main thread id to
+``<pid>.thread`` in the exit directory (``DDP_LAUNCHER_EXIT_DIR`` in the worker's own environment) before the
+script starts; :func:`describe` reads it (:attr:`Worker.main`). A dump without that thread gives the rank no
+position (:data:`NO_MAIN`), never another thread's frame.
 """
 
 from __future__ import annotations
@@ -38,43 +43,63 @@ MAX_DUMP_BYTES = 4 * 1024 * 1024  # of a worker's file after its offset (faultha
 MAX_CHILDREN = 4  # children of one worker whose stacks are taken
 IGNORED = "SIGABRT ignored"
 CAUGHT = "SIGABRT caught, no dump"
+NO_MAIN = "its main thread is not in its dump"
+EXIT_DIR_VARIABLE = b"DDP_LAUNCHER_EXIT_DIR"  # as launcher/bootstrap.py reads it
+MAX_IDENT = 2 ** 64  # a thread id (``pthread_t``) is an unsigned long
 
 
 class Worker(NamedTuple):
-    """One worker: its pid, its global rank (``RANK``), its stderr file and that file's size when frozen."""
+    """One worker: its pid, its global rank (``RANK``), its stderr file and that file's size when frozen, and
+    its main thread's id when :mod:`launcher.bootstrap` recorded it."""
 
     pid: int
     rank: Optional[int]
     path: Optional[str]
     offset: int
+    main: Optional[int] = None
 
 
 class Taken(NamedTuple):
-    """What :func:`take` found: each rank's dump, why a rank gave none, the workers left to the output pipe,
-    and each rank's children's dumps (pid, threads), e.g. its DataLoader workers'."""
+    """What :func:`take` found: each rank's dump, why a rank gave none (or none with its main thread), the
+    workers left to the output pipe, each rank's children's dumps (pid, threads), e.g. its DataLoader workers',
+    and each rank's main thread id."""
 
     dumps: dict[int, list[hang.Thread]]
     why: dict[int, str]
     unread: list[int]
     children: dict[int, list[tuple[int, list[hang.Thread]]]]
+    mains: dict[int, int]  # rank -> its main thread's id, where recorded (see :func:`main_ident`)
+
+
+def main_ident(exit_dir: str, pid: int) -> Optional[int]:
+    """The main thread id that :mod:`launcher.bootstrap` wrote to ``<exit_dir>/<pid>.thread``; None if none."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.path.join(exit_dir, f"{pid}.thread"), "rb") as fh:
+            text = fh.read(64).decode("ascii").strip()
+        return int(text) if text.isdigit() and 0 < int(text) < MAX_IDENT else None
+    return None
 
 
 def describe(pid: int) -> Worker:
-    """A worker's rank (``RANK`` in ``/proc/PID/environ``), its stderr file and the file's size now."""
+    """A worker's rank (``RANK`` in ``/proc/PID/environ``), its stderr file and the file's size now, and its
+    main thread's id (:func:`main_ident` in its ``DDP_LAUNCHER_EXIT_DIR``)."""
     rank: Optional[int] = None
     path: Optional[str] = None
+    main: Optional[int] = None
     offset = 0
     with contextlib.suppress(OSError, ValueError):
         with open(f"/proc/{pid}/environ", "rb") as fh:
             env = dict(item.partition(b"=")[::2] for item in fh.read(1 << 20).split(b"\0") if item)
         text = env.get(b"RANK", b"").decode()
         rank = int(text) if text.isdigit() and len(text) <= 7 else None
+        exit_dir = os.fsdecode(env.get(EXIT_DIR_VARIABLE, b""))
+        main = main_ident(exit_dir, pid) if exit_dir.startswith("/") else None
     with contextlib.suppress(OSError):
         target = os.readlink(f"/proc/{pid}/fd/2")
         info = os.stat(f"/proc/{pid}/fd/2")
         if stat.S_ISREG(info.st_mode) and target.startswith("/"):
             path, offset = target, info.st_size
-    return Worker(pid, rank, path, offset)
+    return Worker(pid, rank, path, offset, main)
 
 
 def _mask(fields: Mapping[str, str], name: str) -> int:
@@ -238,10 +263,13 @@ def take(pids: Sequence[int], parent: Optional[int], bound: float) -> Taken:
             signal_workers([parent], signal.SIGCONT)
     dumps: dict[int, list[hang.Thread]] = {}
     why: dict[int, str] = {}
+    mains = {w.rank: w.main for w in workers if w.rank is not None and w.main is not None}
     for worker, rank in ((w, w.rank) for w in readable if w.rank is not None):
         threads = read_dump(worker)
         if threads:
             dumps[rank] = threads
+            if worker.main is not None and hang.main_thread(threads, worker.main) is None:
+                why[rank] = NO_MAIN + (f", {why_pid[worker.pid]}" if worker.pid in why_pid else "")
         else:
             why[rank] = why_pid.get(worker.pid, "ended without a dump")
-    return Taken(dumps, why, unread, children)
+    return Taken(dumps, why, unread, children, mains)

@@ -152,8 +152,6 @@ def check_hung(result: Result, job: Job, framework: str) -> None:
         assert outcome["class"] == codes.HANG and outcome["exit_code"] == codes.HANG_CODE, (framework, outcome)
         first = result.reports[host].splitlines()[0]
         assert first.startswith("hang: no progress for "), (framework, host, first)
-        if framework in NAMING_UNRELIABLE:
-            continue
         # rank 1 stands out: rank 0 waits for it in DDP's gradient all-reduce (the backward pass) or, where the
         # model has buffers (BERT's position ids), in DDP's broadcast of them at the next forward pass
         assert any(
@@ -162,13 +160,6 @@ def check_hung(result: Result, job: Job, framework: str) -> None:
     # each host's report has its own ranks' stacks: rank 1's on algo-2
     assert f"rank 1 (algo-2): {where}, in wait" in result.reports["algo-2"], (framework, result.reports["algo-2"])
     assert "rank 0 (algo-1): " in result.reports["algo-1"], (framework, result.reports["algo-1"])
-
-
-# A known gap, not a pass: in about 1 run of 7 a transformers hang's report named no culprit ("no rank stands out:
-# rank 0 at threading.py:331 in wait"): rank 0's stack dump came without its main thread, and a thread of the
-# standard library alone was taken for it (launcher/hang.py main_thread). The hang still ends (124 on every host)
-# and rank 1's own stack is still in its host's report, which the test keeps asserting; naming it is open.
-NAMING_UNRELIABLE = {"hf_trainer"}
 
 
 @pytest.mark.job

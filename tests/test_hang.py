@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher import hang, hangtimeout, progress
-from launcher.hang import Frame, Position
+from launcher.hang import Frame, Position, Thread
 
 SITE = "/usr/lib/python3.11/site-packages"
 C10D = f"{SITE}/torch/distributed/distributed_c10d.py"
@@ -486,3 +486,26 @@ def test_a_header_broken_by_a_logger_does_not_join_the_main_thread_to_the_one_be
     assert [t.frames[-1].func for t in threads] == ["_bootstrap", "<module>"]
     assert hang.position(threads) == Position("/job/train.py", 30, "read_input", "", False)
 
+
+
+def test_a_known_main_thread_id_picks_that_thread_and_no_other() -> None:
+    script = Frame("/job/train.py", 9, "<module>")
+    boot = Frame("/opt/launcher/bootstrap.py", 392, "<module>")
+    looks_main = Thread("0x00007f0000000001", True, (Frame("/job/other.py", 3, "spin"), script))
+    real = Thread("0x00007f0000000002", False, (Frame("/job/train.py", 57, "load_batch"), boot))
+    assert hang.main_thread([looks_main, real]) is looks_main  # by its looks alone
+    assert hang.main_thread([looks_main, real], 0x7F0000000002) is real  # printed last, and no current thread
+    pos = hang.position([looks_main, real], (), 0x7F0000000002)
+    assert pos is not None and (pos.line, pos.func) == (57, "load_batch")
+    assert hang.main_thread([looks_main], 0x7F0000000002) is None  # missing: no other thread stands for it
+    assert hang.position([looks_main], (), 0x7F0000000002) is None
+    headless = Thread("?1", False, real.frames)  # its header broken by another thread's output
+    assert hang.main_thread([looks_main, headless], 0x7F0000000002) is headless
+    assert hang.main_thread([Thread("?1", False, looks_main.frames)], 0x7F0000000002) is None
+
+
+@given(st.integers(0, 2 ** 64 - 1))
+def test_a_header_id_reads_back_as_the_number_faulthandler_printed(ident: int) -> None:
+    lines = render(f"0x{ident:016x}", True, [Frame("/job/train.py", 1, "<module>")])
+    threads = hang.parse_dumps(lines)[None]
+    assert hang.thread_id(threads[0].ident) == ident and hang.main_thread(threads, ident) is threads[0]

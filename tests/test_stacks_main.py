@@ -1,0 +1,137 @@
+"""Which thread of a worker's dump is the script's: the id the worker's bootstrap recorded (launcher/stacks.py,
+launcher/bootstrap.py), from real Python processes started through ``launcher/bootstrap.py`` and dumped by
+SIGABRT through :func:`launcher.stacks.take`.
+
+- faulthandler prints the main thread last; a thread started by ``_thread`` whose outermost frame is a
+  ``<module>`` (what the heuristics look for) is printed before it, and is no main: the recorded id picks the
+  script's thread;
+- a worker with more threads than faulthandler prints (100) gives a dump without its main thread: the rank
+  has no position, and the reason says so, never another thread's frame.
+
+Every process started here is ended by PID and proved gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from typing import Any
+
+from conftest import PYTHON, REPO, assert_gone
+from hypothesis import given
+from hypothesis import strategies as st
+
+from launcher import hang, stacks
+
+BOOTSTRAP = os.path.join(REPO, "launcher", "bootstrap.py")
+SCRIPT = textwrap.dedent("""
+    import _thread, os, sys, threading, time
+    threads, chatty = int(sys.argv[2]), sys.argv[3:] == ["chatty"]
+    def helper():
+        while True:
+            time.sleep(0.01)
+    def bar():  # a progress bar's refresh, as tqdm writes it: no newline
+        while True:
+            sys.stderr.write("\\r 38%|###7      | 3/8 [00:05<00:08,  1.63s/it]")
+            sys.stderr.flush()
+            time.sleep(0.0005)
+    if chatty:
+        threading.Thread(target=bar, daemon=True).start()
+    for _ in range(threads):
+        threading.Thread(target=helper, daemon=True).start()
+    # a thread no ``threading`` started whose outermost frame is a <module>: it looks like a main thread
+    started = _thread.allocate_lock()
+    started.acquire()
+    code = compile("started.release()\\nimport time\\nwhile True: time.sleep(0.01)", "/job/fake.py", "exec")
+    _thread.start_new_thread(exec, (code, {"started": started}))
+    started.acquire()
+    def blocked():
+        open(sys.argv[1], "w").close()
+        os.read(os.pipe()[0], 1)  # at:read
+    blocked()
+""")
+LINE = next(i for i, line in enumerate(SCRIPT.splitlines(), 1) if line.endswith("# at:read"))
+BOUND = 60.0  # stacks.take's bound: generous (a loaded host); the test ends far sooner
+
+
+def take_one(tmp_path: Any, threads: int, *mode: str) -> tuple[stacks.Taken, int, subprocess.Popen]:
+    """Start one worker through the bootstrap (rank 3, ``threads`` helper threads, with ``chatty`` a thread that
+    writes a progress bar meanwhile), freeze it, take its stacks."""
+    tmp_path.mkdir(exist_ok=True)
+    script, exits, ready = tmp_path / "train.py", tmp_path / "exits", tmp_path / "ready"
+    script.write_text(SCRIPT)
+    exits.mkdir()
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "RANK": "3", "DDP_LAUNCHER_EXIT_DIR": str(exits)}
+    env.pop("DDP_LAUNCHER_PROGRESS", None)
+    with open(tmp_path / "stderr.log", "wb") as fh:
+        proc = subprocess.Popen([PYTHON, "-u", BOOTSTRAP, str(script), str(ready), str(threads), *mode],
+                                stderr=fh, stdout=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()
+            time.sleep(0.05)
+        main = int((exits / f"{proc.pid}.thread").read_text())
+        assert stacks.describe(proc.pid).main == main
+        stacks.signal_workers([proc.pid], signal.SIGSTOP)
+        taken = stacks.take([proc.pid], None, BOUND)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        assert_gone([proc.pid])
+    return taken, main, proc
+
+
+def test_the_recorded_main_thread_is_chosen_though_printed_last_after_one_that_looks_like_a_main(
+        tmp_path: Any) -> None:
+    taken, main, proc = take_one(tmp_path, 3)
+    assert proc.returncode == -signal.SIGABRT and taken.why == {} and taken.mains == {3: main}
+    threads = taken.dumps[3]
+    assert len(threads) == 5 and hang.thread_id(threads[-1].ident) == main  # faulthandler: the main thread last
+    decoy = hang.main_thread(threads)  # by its looks alone, the thread running /job/fake.py's <module>
+    assert decoy is not None and decoy.frames[-1].file == "/job/fake.py", threads
+    pos = hang.position(threads, (), taken.mains[3])
+    assert pos is not None and (pos.file, pos.line, pos.func) == (str(tmp_path / "train.py"), LINE, "blocked")
+    # another thread's line (a C++ library's warning) breaks the main thread's header: its frames, read as a
+    # thread without a header, are still the main thread's (their outermost frame is the bootstrap's)
+    lines = (tmp_path / "stderr.log").read_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if f"{main:#018x} (most recent call first)" in line)
+    lines[head:head + 1] = [lines[head][:10] + "[W gloo] a warning", lines[head][10:]]
+    broken = hang.parse_dumps(lines, 3)[3]
+    assert len(broken) == 5 and all(hang.thread_id(t.ident) != main for t in broken), broken
+    assert hang.position(broken, (), main) == pos
+
+
+def test_a_dump_without_the_main_thread_gives_no_position_and_says_why(tmp_path: Any) -> None:
+    taken, main, _ = take_one(tmp_path, 110)  # faulthandler prints 100 threads, newest first: not the main one
+    threads = taken.dumps[3]
+    assert len(threads) == 100 and all(hang.thread_id(t.ident) != main for t in threads)
+    assert hang.main_thread(threads, main) is None and hang.position(threads, (), main) is None
+    assert taken.why == {3: stacks.NO_MAIN}
+    assert "no stack from rank 3 (its main thread is not in its dump)" in hang.culprit_sentence(
+        {}, {}, 300, [3], taken.why)
+
+
+def test_a_progress_bar_written_into_the_dump_never_stands_another_threads_frame_in(tmp_path: Any) -> None:
+    for round_ in range(5):  # wherever the bar's writes land in faulthandler's (a line's words, a header)
+        taken, main, _ = take_one(tmp_path / str(round_), 2, "chatty")
+        pos = hang.position(taken.dumps[3], (), main)
+        text = (tmp_path / str(round_) / "stderr.log").read_text()
+        if pos is None:  # every frame of the main thread's lost to the bar: said as such
+            assert taken.why == {3: stacks.NO_MAIN}, text[-3000:]
+        else:  # its own frame (the bar may have broken the innermost one's line: then the script's <module>)
+            assert pos.file == str(tmp_path / str(round_) / "train.py") and pos.func in ("blocked", "<module>"), \
+                (pos, text[-3000:])
+
+
+@given(st.binary(max_size=80))
+def test_any_thread_file_reads_as_an_id_or_none(tmp_path_factory: Any, data: bytes) -> None:
+    directory = tmp_path_factory.mktemp("exits")
+    (directory / "7.thread").write_bytes(data)
+    ident = stacks.main_ident(str(directory), 7)
+    assert ident is None or (0 < ident < 2 ** 64 and data.strip().decode() == str(ident))
+    assert stacks.main_ident(str(directory), 8) is None
