@@ -47,7 +47,9 @@ torch or this file), that frame's line, and the library frame it called (the *ca
 
 A blocked collective, a deadlock, a blocked read and a library poll loop keep the script's frame, line and
 callee for ever: no ``~moved``. A C call that holds the GIL stops the sampler too: no beat, as it should be.
-``DDP_LAUNCHER_SAMPLE=0`` turns the sampler off.
+``DDP_LAUNCHER_SAMPLE=0`` turns the sampler off. Before a hang's stacks are taken the launcher asks the sampler
+to look no more (the file ``park`` in the exit directory): it says so (``<pid>.parked``) and holds still, so that
+faulthandler never reads its frames while it changes them.
 """
 
 import contextlib
@@ -66,6 +68,7 @@ BEAT_VARIABLE = "DDP_LAUNCHER_PROGRESS"  # the launcher's beat socket (launcher/
 SAMPLE_VARIABLE = "DDP_LAUNCHER_SAMPLE"  # "0": no sampler
 STARTED = time.time()  # the worker's start: the rendezvous was complete
 PERIOD = 0.1  # seconds between two looks at the main thread
+PARK_NAME = "park"  # in the exit directory: the launcher asks the samplers to look no more (a hang's stacks)
 SEND = 1.0  # seconds at least between two beats of the sampler
 MAX_DEPTH = 64  # frames walked outward to find the script's own code
 MAX_SEEN = 4096  # lines of the script's code remembered (then forgotten, and learned again)
@@ -219,14 +222,18 @@ def _word(busy, moved, stepped, waiting):
     return b"~busy" if busy else None
 
 
-def _sample(sampler, rank, path, stop):
+def _sample(sampler, rank, path, stop, park=None):
     """The sampler's thread: at most once per :data:`SEND` a beat to ``path`` saying what was seen (see
-    the module's text); until ``stop`` is set (never, in a worker: the thread ends with the interpreter)."""
+    the module's text); until ``stop`` is set (never, in a worker: the thread ends with the interpreter), or
+    until the file ``park`` exists (:func:`_park`)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setblocking(False)
     busy = moved = stepped = False
     sent = 0.0
     while not stop.wait(PERIOD):
+        if park is not None and os.path.exists(park):
+            _park(park, stop)
+            return
         seen = sampler.look()
         busy, moved, stepped = busy or seen.busy, moved or seen.moved, stepped or seen.stepped
         now = time.monotonic()
@@ -240,6 +247,16 @@ def _sample(sampler, rank, path, stop):
         busy = moved = stepped = False
 
 
+def _park(park, stop):
+    """Look no more: the launcher takes every thread's stack next. faulthandler reads each thread's frames
+    without the GIL; a thread that runs Python meanwhile changes them under it, and the dump can show a
+    wrong frame or crash before it reaches the main thread (printed last). Says so in ``<pid>.parked``
+    beside ``park``, then waits in C until ``stop`` (in a worker: for ever), holding still."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(os.path.join(os.path.dirname(park), f"{os.getpid()}.parked"), os.O_WRONLY | os.O_CREAT))
+    stop.wait()
+
+
 def start_sampler(environ, stop=None):
     """Start the sampler's thread when the launcher listens for beats (until ``stop``, an event, is set);
     the thread (its ``sampler`` attribute: the :class:`Sampler`), or None."""
@@ -250,7 +267,9 @@ def start_sampler(environ, stop=None):
         path = "\0" + path[1:]
     main = threading.main_thread()
     sampler = Sampler(main.ident, getattr(main, "native_id", None))
-    thread = threading.Thread(target=_sample, args=(sampler, int(rank), path, stop or threading.Event()),
+    exits = environ.get(EXIT_DIR_VARIABLE)
+    park = os.path.join(exits, PARK_NAME) if exits else None
+    thread = threading.Thread(target=_sample, args=(sampler, int(rank), path, stop or threading.Event(), park),
                               name="ddp-launcher-sampler", daemon=True)
     thread.sampler = sampler
     thread.ended = lambda: _send(path, int(rank), b"~end")

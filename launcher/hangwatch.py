@@ -12,8 +12,10 @@ livelock rule: the others spin; every host adds to its heartbeats how many of it
 its latest explicit beat, ``xb``). Then, on every host at once (node 0
 leads through the job watch's ``hang`` messages; see :class:`launcher.jobwatch.Extension`):
 
-1. ``freeze``: every launcher stops its workers (SIGSTOP) and says ``frozen``: from now on no worker can
-   die or notice that another did, so no stack changes while the others are taken;
+1. ``freeze``: every launcher asks its workers' samplers to hold still (:func:`launcher.stacks.park_samplers`:
+   faulthandler must not read a thread's frames while it changes them), stops its workers (SIGSTOP) and says
+   ``frozen``: from now on no worker can die or notice that another did, so no stack changes while the others
+   are taken;
 2. ``dump``: every launcher sends :data:`launcher.stacks.STACK_SIGNAL` (SIGABRT) and SIGCONT to its
    workers. They run with ``PYTHONFAULTHANDLER=1`` (unless the user set it), so each writes the stack of
    every thread to its stderr file and ends; its core size limit is set to 0 first, so no core file is
@@ -284,7 +286,7 @@ class HangWatch:
         if others:
             self._post({"phase": "freeze"})
         self._nccl_dumps()
-        signal_workers(workers, signal.SIGSTOP)
+        self._freeze(workers)
         if others:
             self._wait(lambda: others <= self._frozen, FREEZE_WAIT)
             self._post({"phase": "dump"})
@@ -328,7 +330,7 @@ class HangWatch:
             if phase == "freeze":
                 self.log("hang: node 0 found no progress anywhere: freezing the workers here for their stacks")
                 self._nccl_dumps()
-                signal_workers(self._workers(), signal.SIGSTOP)
+                self._freeze(self._workers())
                 self._frozen_at = time.monotonic()
                 self._post({"phase": "frozen"})
             elif phase == "dump" and not self._dumped:
@@ -369,6 +371,14 @@ class HangWatch:
         self.details += [f"rank {rank} ({self.hosts.get(rank, '?')}), its child pid {pid}: {pos.where()}"
                          + (f", in {pos.call}" if pos.call else "") for rank, pid, pos in self._kids]
         return dict(positions)
+
+    def _freeze(self, workers: Sequence[int]) -> None:
+        """Stop the workers (SIGSTOP) once their samplers hold still (:func:`launcher.stacks.park_samplers`)."""
+        late = stacks.park_samplers(workers)
+        if late:
+            self.log(f"hang: the sampler of {len(late)} worker(s) did not hold still within "
+                     f"{stacks.PARK_WAIT:g} s (pid {', '.join(map(str, late))}): their stacks may come incomplete")
+        signal_workers(workers, signal.SIGSTOP)
 
     def _nccl_dumps(self) -> None:
         """GPU runs: the Flight Recorder's traces first (its thread must run: before the freeze)."""

@@ -45,6 +45,10 @@ IGNORED = "SIGABRT ignored"
 CAUGHT = "SIGABRT caught, no dump"
 NO_MAIN = "its main thread is not in its dump"
 EXIT_DIR_VARIABLE = b"DDP_LAUNCHER_EXIT_DIR"  # as launcher/bootstrap.py reads it
+BEAT_VARIABLE = b"DDP_LAUNCHER_PROGRESS"  # ... and these two: whether its sampler runs
+SAMPLE_VARIABLE = b"DDP_LAUNCHER_SAMPLE"
+PARK_NAME = "park"  # as launcher/bootstrap.py reads it: in the exit directory, the samplers look no more
+PARK_WAIT = 2.0  # seconds at most for every sampler to hold still (one look takes milliseconds)
 MAX_IDENT = 2 ** 64  # a thread id (``pthread_t``) is an unsigned long
 
 
@@ -80,6 +84,37 @@ def main_ident(exit_dir: str, pid: int) -> Optional[int]:
     return None
 
 
+def _environ(pid: int) -> dict[bytes, bytes]:
+    """The process's environment as it started (``/proc/PID/environ``, at most 1 MiB); empty if unreadable."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as fh:
+        return dict(item.partition(b"=")[::2] for item in fh.read(1 << 20).split(b"\0") if item)
+    return {}
+
+
+def park_samplers(pids: Sequence[int], bound: float = PARK_WAIT) -> list[int]:
+    """Ask the samplers of the workers ``pids`` (:mod:`launcher.bootstrap`) to look no more, and wait until each
+    said it holds still (``<pid>.parked`` in its exit directory), at most ``bound`` s; before they are frozen.
+    faulthandler reads every thread's frames without the GIL: a sampler looking meanwhile changed its own under
+    it, and the dump showed a wrong frame, or crashed (SIGSEGV) before it reached the main thread, which it
+    prints last. The workers that did not say so (no sampler; or it could not run, the GIL held in C)."""
+    waiting: dict[int, str] = {}
+    for pid in pids:
+        env = _environ(pid)
+        exits = os.fsdecode(env.get(EXIT_DIR_VARIABLE, b""))
+        if exits.startswith("/") and env.get(BEAT_VARIABLE) and env.get(SAMPLE_VARIABLE) != b"0":
+            with contextlib.suppress(OSError):
+                os.close(os.open(os.path.join(exits, PARK_NAME), os.O_WRONLY | os.O_CREAT, 0o600))
+            waiting[pid] = os.path.join(exits, f"{pid}.parked")
+    deadline = time.monotonic() + bound
+    while waiting:
+        waiting = {pid: path for pid, path in waiting.items()
+                   if not os.path.exists(path) and signal_state(pid) != "gone"}
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL)
+    return sorted(waiting)
+
+
 def describe(pid: int) -> Worker:
     """A worker's rank (``RANK`` in ``/proc/PID/environ``), its stderr file and the file's size now, and its
     main thread's id (:func:`main_ident` in its ``DDP_LAUNCHER_EXIT_DIR``)."""
@@ -87,9 +122,8 @@ def describe(pid: int) -> Worker:
     path: Optional[str] = None
     main: Optional[int] = None
     offset = 0
-    with contextlib.suppress(OSError, ValueError):
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            env = dict(item.partition(b"=")[::2] for item in fh.read(1 << 20).split(b"\0") if item)
+    with contextlib.suppress(ValueError):
+        env = _environ(pid)
         text = env.get(b"RANK", b"").decode()
         rank = int(text) if text.isdigit() and len(text) <= 7 else None
         exit_dir = os.fsdecode(env.get(EXIT_DIR_VARIABLE, b""))

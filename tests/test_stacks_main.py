@@ -6,7 +6,9 @@ SIGABRT through :func:`launcher.stacks.take`.
   ``<module>`` (what the heuristics look for) is printed before it, and is no main: the recorded id picks the
   script's thread;
 - a worker with more threads than faulthandler prints (100) gives a dump without its main thread: the rank
-  has no position, and the reason says so, never another thread's frame.
+  has no position, and the reason says so, never another thread's frame;
+- the bootstrap's sampler, asked to hold still before the dump (:func:`launcher.stacks.park_samplers`), says so
+  and is found parked in the dump, beside the main thread.
 
 Every process started here is ended by PID and proved gone.
 """
@@ -57,9 +59,10 @@ LINE = next(i for i, line in enumerate(SCRIPT.splitlines(), 1) if line.endswith(
 BOUND = 60.0  # stacks.take's bound: generous (a loaded host); the test ends far sooner
 
 
-def take_one(tmp_path: Any, threads: int, *mode: str) -> tuple[stacks.Taken, int, subprocess.Popen]:
+def start_worker(tmp_path: Any, threads: int, *mode: str, **extra: str) -> subprocess.Popen:
     """Start one worker through the bootstrap (rank 3, ``threads`` helper threads, with ``chatty`` a thread that
-    writes a progress bar meanwhile), freeze it, take its stacks."""
+    writes a progress bar meanwhile; ``extra`` in its environment: without ``DDP_LAUNCHER_PROGRESS`` no sampler)
+    and wait until its script blocks."""
     tmp_path.mkdir(exist_ok=True)
     script, exits, ready = tmp_path / "train.py", tmp_path / "exits", tmp_path / "ready"
     script.write_text(SCRIPT)
@@ -68,12 +71,22 @@ def take_one(tmp_path: Any, threads: int, *mode: str) -> tuple[stacks.Taken, int
     env.pop("DDP_LAUNCHER_PROGRESS", None)
     with open(tmp_path / "stderr.log", "wb") as fh:
         proc = subprocess.Popen([PYTHON, "-u", BOOTSTRAP, str(script), str(ready), str(threads), *mode],
-                                stderr=fh, stdout=subprocess.DEVNULL, env=env)
+                                stderr=fh, stdout=subprocess.DEVNULL, env={**env, **extra})
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() >= deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError((tmp_path / "stderr.log").read_text())
+        time.sleep(0.05)
+    return proc
+
+
+def take_one(tmp_path: Any, threads: int, *mode: str, **extra: str) -> tuple[stacks.Taken, int, subprocess.Popen]:
+    """Start one worker (:func:`start_worker`), freeze it, take its stacks."""
+    proc = start_worker(tmp_path, threads, *mode, **extra)
+    exits = tmp_path / "exits"
     try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()
-            time.sleep(0.05)
         main = int((exits / f"{proc.pid}.thread").read_text())
         assert stacks.describe(proc.pid).main == main
         stacks.signal_workers([proc.pid], signal.SIGSTOP)
@@ -126,6 +139,41 @@ def test_a_progress_bar_written_into_the_dump_never_stands_another_threads_frame
         else:  # its own frame (the bar may have broken the innermost one's line: then the script's <module>)
             assert pos.file == str(tmp_path / str(round_) / "train.py") and pos.func in ("blocked", "<module>"), \
                 (pos, text[-3000:])
+
+
+def test_the_sampler_holds_still_before_the_stacks_are_taken(tmp_path: Any) -> None:
+    # The bootstrap's sampler looks at the main thread ten times a second. faulthandler reads every thread's frames
+    # without the GIL: a dump taken while the sampler looked once printed "sys", line 4 in ??? for it and crashed
+    # (SIGSEGV) before it reached the main thread, printed last. Asked first, the sampler says it holds still and
+    # waits in C: in the dump its thread is in _park, and the main thread is there, at the script's line.
+    beats = str(tmp_path / "beats.sock")  # nobody listens: the sampler's beats are lost, as it allows
+    proc = start_worker(tmp_path / "sampled", 0, DDP_LAUNCHER_PROGRESS=beats)
+    exits = tmp_path / "sampled" / "exits"
+    try:
+        assert not (exits / f"{proc.pid}.parked").exists()
+        assert stacks.park_samplers([proc.pid], BOUND) == []
+        assert (exits / stacks.PARK_NAME).exists() and (exits / f"{proc.pid}.parked").exists()
+        stacks.signal_workers([proc.pid], signal.SIGSTOP)
+        taken = stacks.take([proc.pid], None, BOUND)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        assert_gone([proc.pid])
+    threads = taken.dumps[3]
+    parked = [t for t in threads if any(f.func == "_park" and f.file.endswith("bootstrap.py") for f in t.frames)]
+    assert len(parked) == 1 and parked[0].frames[-1].func == "_bootstrap", threads
+    pos = hang.position(threads, (), taken.mains[3])
+    assert pos is not None and (pos.func, pos.line) == ("blocked", LINE), threads
+    # a worker whose sampler is off is not asked (nothing would answer): no request in its exit directory
+    quiet = start_worker(tmp_path / "off", 0, DDP_LAUNCHER_PROGRESS=beats, DDP_LAUNCHER_SAMPLE="0")
+    try:
+        assert stacks.park_samplers([quiet.pid], BOUND) == []
+        assert not (tmp_path / "off" / "exits" / stacks.PARK_NAME).exists()
+    finally:
+        quiet.kill()
+        quiet.wait()
+        assert_gone([quiet.pid])
 
 
 @given(st.binary(max_size=80))
