@@ -225,11 +225,11 @@ def read_exit_record(exit_dir: str, pid: int) -> Optional[dict[str, Any]]:
 
 def first_worker_start(exit_dir: str, limit: int = 4096) -> Optional[float]:
     """When the earliest worker that recorded its code started (``time.time()``): the rendezvous was done."""
-    try:
-        names = sorted(os.listdir(exit_dir))[:limit]
+    try:  # the records only: the directory holds the workers' other files too (<pid>.thread, <pid>.parked)
+        names = sorted(name for name in os.listdir(exit_dir) if name.endswith(".json") and name[:-5].isdigit())
     except OSError:
         return None
-    starts = [record["started"] for name in names if name.endswith(".json") and name[:-5].isdigit()
+    starts = [record["started"] for name in names[:limit]
               for record in [read_exit_record(exit_dir, int(name[:-5]))] if record and record["started"]]
     return min(starts) if starts else None
 

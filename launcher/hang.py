@@ -34,7 +34,7 @@ MAX_THREADS = 200  # threads kept per dump
 _PREFIX = re.compile(r"^\[rank(\d{1,7})\]:\s?")
 # what another thread wrote into the same file may stand before faulthandler's text on its line (a progress bar's
 # ``\r``-ended text, a print cut short): a header or a frame is looked for anywhere on the line
-_HEADER = re.compile(r"(?:^|\s)(Current thread|Thread) (0x[0-9a-fA-F]+)\b.*\(most recent call first\):\s*$")
+_HEADER = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]+)\b.*\(most recent call first\):\s*$")
 _STACK = re.compile(r"^\s*Stack \(most recent call first\):\s*$")  # dump_traceback(all_threads=False)
 _FRAME = re.compile(r'(?:^|\s)File "(.*)", line (\d+|\?+) in (.*?)\s*$')
 _FATAL = re.compile(r"^\s*Fatal Python error: ")

@@ -454,7 +454,8 @@ def faulthandler_pieces(threads: list[tuple[str, list[Frame]]]) -> list[str]:
 others_st = st.lists(st.lists(st.builds(Frame, st.sampled_from(["/job/train.py", "/job/data.py", THREADING,
                                                                 f"{SITE}/tqdm/_monitor.py"]),
                                         st.integers(100, 999), funcs), max_size=3), max_size=3)
-foreign_st = st.sampled_from(["chat 42\n", "INFO:chatty:chat 42\n", "\r 45%|####      | 9/20", "\n", "\r"])
+foreign_st = st.sampled_from(["chat 42\n", "INFO:chatty:chat 42\n", "\r 45%|####      | 9/20", "\n", "\r",
+                              "\r 38%|###7      | 3/8 [00:05<00:08,  1.63s/it]"])
 
 
 @settings(max_examples=400, deadline=None)
@@ -509,3 +510,11 @@ def test_a_header_id_reads_back_as_the_number_faulthandler_printed(ident: int) -
     lines = render(f"0x{ident:016x}", True, [Frame("/job/train.py", 1, "<module>")])
     threads = hang.parse_dumps(lines)[None]
     assert hang.thread_id(threads[0].ident) == ident and hang.main_thread(threads, ident) is threads[0]
+
+
+def test_a_header_right_after_a_progress_bar_is_still_a_header() -> None:
+    # tqdm's refresh ends in "]" with no newline: faulthandler's header follows it on the same line
+    bar = "\r 38%|###7      | 3/8 [00:05<00:08,  1.63s/it]"
+    lines = "".join([bar, *faulthandler_pieces([("Current thread", MAIN_FRAMES)])]).splitlines()
+    assert hang.position(hang.parse_dumps(lines, 0)[0]) == Position("/job/train.py", 30, "read_input", "", False)
+
