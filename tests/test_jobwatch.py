@@ -456,7 +456,7 @@ def test_hundreds_of_idle_connections_and_a_flood_of_1100_never_stop_the_job(wat
 
 
 def test_a_slow_sender_and_a_half_open_connection_are_dropped(watches, monkeypatch):
-    monkeypatch.setattr(jobwatch, "HANDSHAKE_TIMEOUT", 1.0)
+    monkeypatch.setattr(jobwatch.hub, "HANDSHAKE_TIMEOUT", 1.0)  # the hub drops strangers
     hub, rec = watches(0, nnodes=2, timeout=30.0)
     slow = raw_client(watches.port, hello=False)
     half = raw_client(watches.port, hello=False)
