@@ -10,6 +10,7 @@ import time
 from typing import Optional
 
 from launcher import restart
+from launcher.jobwatch import messages
 from launcher.jobwatch.watch import (
     HANDSHAKE_TIMEOUT,
     LOST_CODE,
@@ -84,7 +85,7 @@ class Hub(Watch):
             conn = _Conn(sock, time.monotonic(), str(addr[0]).removeprefix("::ffff:") if addr else "")
             conn.hub_nonce = _nonce()
             self._register(conn)
-            self._send(conn, {"t": "watch", "nonce": conn.hub_nonce}, tagged=False)
+            self._send(conn, messages.Greeting(conn.hub_nonce).encode(), tagged=False)
 
     def _drop(self, conn: _Conn) -> None:
         super()._drop(conn)
@@ -125,7 +126,7 @@ class Hub(Watch):
             raise _Junk("no hello")
         if message.get("job") != self.job:
             with contextlib.suppress(OSError):
-                conn.sock.send(b'{"t":"refused","why":"another job"}\n')
+                conn.sock.send(messages.encode(messages.Refused("another job")) + b"\n")
             raise _Junk("a launcher of another job")
         node = int(message["node"])
         if not 0 < node < self.nnodes or int(message["nnodes"]) != self.nnodes:

@@ -17,6 +17,7 @@ import time
 from typing import Callable, NamedTuple, Optional, Protocol
 
 from launcher import codes
+from launcher.jobwatch import messages
 
 MAX_LINE = 4096  # bytes of one message: a report head is at most ~600 characters
 REPORT_LINES, REPORT_CHARS = 2, 600  # what a ``failed`` message carries of a host's report
@@ -237,10 +238,10 @@ class Watch:
             self.wait_for_cause(self.timeout + 1.0)
         cause = self.cause()
         if code == 0:
-            self._leave({"t": "done", "node": self.node, "host": self.host}, code)
+            self._leave(messages.Done(self.node, self.host).encode(), code)
             return cause
         mine = Event("failed", self.node, self.host, code, report_head(head), primary)
-        self._leave({"t": "failed", **mine._asdict()}, code)
+        self._leave(_as_message(mine), code)
         return cause
 
     def close(self) -> None:
@@ -487,6 +488,6 @@ def _event(message: dict, nnodes: int) -> Event:
 
 def _as_message(event: Event) -> dict:
     if event.kind == "lost":
-        return {"t": "lost", "node": event.node, "host": event.host, "why": event.report.split(" lost: ", 1)[-1]}
-    return {"t": "failed", **event._asdict()}
+        return messages.Lost(event.node, event.host, event.report.split(" lost: ", 1)[-1]).encode()
+    return messages.Failed(event.node, event.host, event.code, event.report, event.primary).encode()
 
