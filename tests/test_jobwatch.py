@@ -155,8 +155,8 @@ def test_a_generation_is_stopped_once_however_many_hosts_fail_in_it(watches):
     until(lambda: all(joined(w) for w, _ in clients) and len(hub.states) == 3)
     last = clients[2][0]
     told = []
-    heard = last._gen_stop
-    last._gen_stop = lambda gen, head: (told.append(gen), heard(gen, head))  # each gen_stop message it gets
+    heard = last.coordination._gen_stop  # restarts: launcher/jobwatch/restarts.py
+    last.coordination._gen_stop = lambda gen, head: (told.append(gen), heard(gen, head))  # each gen_stop it gets
 
     def end(watch: jobwatch.Watch, node: int, code: int, primary: bool) -> threading.Thread:
         message = restart.End(node, f"algo-{node + 1}", code, "worker" if code else "success",

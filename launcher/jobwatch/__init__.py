@@ -88,6 +88,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from launcher.command import address_of, job_identity, master_port, watch_ports
 from launcher.groups import training_nodes, watch_place
+from launcher.jobwatch import restarts
 from launcher.jobwatch.client import Client
 from launcher.jobwatch.hub import Hub, _Node
 from launcher.jobwatch.watch import (
@@ -176,11 +177,13 @@ def start(node: int, host: str, nnodes: int, master: str, port: Union[int, Seque
             off = Off(node, host, nnodes, timeout, log)
             off.off = f"the hub could not listen on port {'; '.join(problems)}"
             log(f"job watch off: {off.off}; the other hosts find no hub and run without the watch too")
+            restarts.attach(off)
             return off
     else:
         watch = Client(master, ports, time.monotonic() + connect_for, node, host, nnodes, timeout, log,
                        job=job, secret=secret)
     watch.training = training
+    restarts.attach(watch)
     watch.thread.start()
     return watch
 

@@ -47,7 +47,6 @@ class Client(Watch):
         self.final: Optional[dict] = None
         self.left = False
         self.began = time.monotonic()
-        self.end_sent: Optional[dict] = None  # this host's gen_end last sent to the hub
 
     def connected(self) -> bool:
         """True while the hub is connected (handshaken)."""
@@ -131,10 +130,8 @@ class Client(Watch):
             self.log(f"job watch: connected to the hub on {conn.host} ({self.address}:{conn.port})")
         else:
             self.log(f"job watch: reconnected to the hub on {conn.host}")
-        with self.cond:
-            end = self.my_end
-        if end is not None:  # sent again: the old connection may have lost it
-            self._send(conn, end)
+        for again in self.coordination.joined() if self.coordination is not None else ():
+            self._send(conn, again)  # the old connection may have lost it
 
     def _on_message(self, conn: _Conn, message: dict) -> None:
         if conn.node is None:
@@ -150,10 +147,8 @@ class Client(Watch):
                 self._record(event)
         elif kind == "done":
             self.ended = True
-        elif kind == "gen_stop":
-            self._gen_stop(int(message["gen"]), _text(message["report"]))
-        elif kind == "gen":
-            self._decided(message)
+        elif self.coordination is not None and kind in self.coordination.kinds:
+            self.coordination.on_message(0, message)
         elif kind == "end" and self.node not in (self.training or ()):
             self._training_over()
         elif kind == "replaced":  # a newer connection of this node took over (or someone claims to be it)
@@ -215,11 +210,8 @@ class Client(Watch):
                      f"for {self.timeout:g} s); trying a new connection")
 
     def _tick(self, now: float) -> None:
-        with self.cond:
-            end = self.my_end
-        if end is not None and end is not self.end_sent and self.hub is not None:
-            self.end_sent = end
-            self._send(self.hub, end)
+        for message in self.coordination.tick() if self.coordination is not None else ():
+            self._post(message)
         self._say_final()
         if self.attempt is not None or self.ended or self.events or now < self.next_try:
             return

@@ -9,7 +9,6 @@ import socket
 import time
 from typing import Optional
 
-from launcher import restart
 from launcher.jobwatch import messages
 from launcher.jobwatch.watch import (
     HANDSHAKE_TIMEOUT,
@@ -53,7 +52,6 @@ class Hub(Watch):
         self.told = False
         self.end_sent = False  # ``end`` was broadcast: every training node is done
         self.max_pending = MAX_PENDING + self.nnodes
-        self.gen_ends: dict[int, dict[int, dict]] = {}  # restarts: every node's end of each generation
         self.relayed: set[str] = set()  # "any", "primary": the kinds of cause the clients have been told
 
     @property
@@ -153,13 +151,8 @@ class Hub(Watch):
             self._send(conn, own)
         if self.end_sent and node not in (self.training or ()):
             self._send(conn, {"t": "end"})
-        with self.cond:
-            latest = self.decisions.get(max(self.decisions)) if self.decisions else None
-            stop_gen = self.stop_gen
-        if latest is not None:  # a reconnection: what it may have missed of the restarts
-            self._send(conn, {"t": "gen", **latest})
-        if stop_gen >= 0:
-            self._send(conn, {"t": "gen_stop", "gen": stop_gen, "report": ""})
+        for missed in self.coordination.rejoined() if self.coordination is not None else ():
+            self._send(conn, missed)  # a reconnection: what it may have missed of the restarts
 
     def _on_message(self, conn: _Conn, message: dict) -> None:
         if conn.node is None:
@@ -177,45 +170,18 @@ class Hub(Watch):
             self._record(event)
         elif kind == "done" and known.state == "running":
             conn.ended, known.state = True, "done"
-        elif kind == "gen_end" and known.state == "running":
-            self._generation_end(conn.node, message)
+        elif self.coordination is not None and kind in self.coordination.kinds:
+            if known.state == "running":
+                self.coordination.on_message(conn.node, message)
         elif self.extension is not None:
             self.extension.on_message(conn.node, known.host, message)
 
     def _post(self, message: dict) -> None:
         self._broadcast(message)
 
-    def _generation_end(self, node: int, message: dict) -> None:
-        """A node's generation ended: a failure stops the generation everywhere; the last end decides."""
-        gen = int(message["gen"])
-        ends = self.gen_ends.setdefault(gen, {})
-        if node in ends:
-            return
-        # raises on a malformed one; ``at``: when its first failure was, on this (node 0's) clock
-        end = restart.end_of({**message, "node": node})
-        ends[node] = end._replace(at=time.monotonic() - end.age).message()
-        if int(message["code"]) != 0 and gen >= self.generation and gen > self.stop_gen:  # the first failure only
-            self._broadcast({"t": "gen_stop", "gen": gen, "report": _text(message.get("head", ""))}, skip=node)
-            self._gen_stop(gen, _text(message.get("head", "")))
-        self._decide()
-
-    def _decide(self) -> None:
-        """Once every node's end of the current generation is in (or a host is lost): node 0's decision."""
-        with self.cond:
-            gen, policy, events = self.generation, self.policy, list(self.events)
-            known = gen in self.decisions
-        if known or policy is None:
-            return
-        ends = self.gen_ends.get(gen, {})
-        lost = any(e.kind == "lost" for e in events)
-        if not lost and len(ends) < self.nnodes:
-            return
-        decision = {"t": "gen", **policy(gen, [ends[n] for n in sorted(ends)], lost)}
-        cause = decision.get("cause")
-        if cause is not None:  # how long ago the root cause's failure was: each host places it on its own clock
-            decision["cause_age"] = round(max(0.0, time.monotonic() - float(cause["at"])), 3)
-        self._broadcast(decision)
-        self._decided(decision)
+    def post_now(self, message: dict, skip: Optional[int] = None) -> None:
+        """Send from the loop thread to every client but ``skip``."""
+        self._broadcast(message, skip)
 
     def _heard(self, node: int, known: _Node) -> None:
         now = time.monotonic()
@@ -270,11 +236,8 @@ class Hub(Watch):
                      "the other hosts")
 
     def _tick(self, now: float) -> None:
-        with self.cond:
-            end = self.my_end
-        if end is not None and 0 not in self.gen_ends.get(int(end["gen"]), {}):
-            self._generation_end(0, end)
-        self._decide()
+        if self.coordination is not None:
+            self.coordination.tick()
         with self.cond:
             own, send = self.own, self.own is not None and not self.told
             self.told = self.told or send

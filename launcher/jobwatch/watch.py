@@ -46,6 +46,27 @@ class Extension(Protocol):
     def on_message(self, node: int, host: str, message: dict) -> None: ...
 
 
+class Coordination(Protocol):
+    """What restarts add to the watch (:mod:`launcher.jobwatch.restarts`): the messages of :attr:`kinds`, what a
+    (re)joining peer must hear, and a turn of the loop. Everything but ``end_generation`` runs on the loop thread."""
+
+    kinds: frozenset[str]
+    decisions: dict[int, dict]
+    policy: Optional[Callable[[int, list[dict], bool], dict]]
+
+    def end_generation(self, end: dict, timeout: float) -> Optional[dict]: ...
+
+    def attached(self, request: StopRequest) -> None: ...
+
+    def on_message(self, node: int, message: dict) -> None: ...
+
+    def rejoined(self) -> list[dict]: ...
+
+    def joined(self) -> list[dict]: ...
+
+    def tick(self) -> list[dict]: ...
+
+
 class Event(NamedTuple):
     """A host that ended badly: it failed (``failed``) or went silent (``lost``)."""
 
@@ -123,14 +144,8 @@ class Watch:
         self.selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self.extension: Optional[Extension] = None  # hang detection's messages (launcher/hangwatch.py)
         self._outbox: list[dict] = []
-        # Restarts (launcher/restart.py): the generation this host runs, what node 0 decided at the end of
-        # each, the latest generation whose workers were ordered to stop, and this host's end of the current one.
-        self.generation = 0
-        self.decisions: dict[int, dict] = {}
-        self.stop_gen = -1
         self.stop_at: Optional[float] = None  # when this host was ordered to stop its workers (monotonic)
-        self.my_end: Optional[dict] = None
-        self.policy: Optional[Callable[[int, list[dict], bool], dict]] = None  # node 0's rules (launcher/restart.py)
+        self.coordination: Optional[Coordination] = None  # restarts (launcher/jobwatch/restarts.py)
         self.thread = threading.Thread(target=self._loop, name="job-watch", daemon=True)
 
     # -- the main thread's side --
@@ -152,11 +167,8 @@ class Watch:
             pending = bool(self.events) and request is not None
         if pending:
             self._stop()
-        if request is not None and self.stop_gen == self.generation and not pending:
-            self.stopped_job = True
-            self.stop_at = time.monotonic()
-            request(REMOTE_GRACE, f"job watch: generation {self.generation} failed on another host: stopping the "
-                                  "workers here")
+        if request is not None and self.coordination is not None and not pending:
+            self.coordination.attached(request)
         if request is not None and self.training_ended:
             request(float("inf"), "job watch: the training world has ended: SIGTERM to the script")
 
@@ -188,40 +200,29 @@ class Watch:
     def end_generation(self, end: dict, timeout: float) -> Optional[dict]:
         """Tell node 0 how this host's generation ended (``end``: :meth:`launcher.restart.End.message`) and
         wait (at most ``timeout``) for its decision, the same on every host; None when a loss or a final
-        failure came first, or no decision in time. A restart moves this watch to the next generation."""
-        with self.cond:
-            gen = self.generation
-            self.my_end = {"t": "gen_end", "gen": gen, **end}
-        self.wake()
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while gen not in self.decisions and not self.events and time.monotonic() < deadline:
-                self.cond.wait(max(0.0, min(0.1, deadline - time.monotonic())))
-            return self.decisions.get(gen)
+        failure came first, no decision in time, or this watch carries no restarts. A restart moves this watch
+        to the next generation (:mod:`launcher.jobwatch.restarts`)."""
+        return None if self.coordination is None else self.coordination.end_generation(end, timeout)
 
-    def _gen_stop(self, gen: int, head: str) -> None:
-        """Generation ``gen`` failed somewhere: stop this host's workers of it (now, or when they start)."""
-        with self.cond:
-            if gen <= self.stop_gen or gen < self.generation:
-                return
-            self.stop_gen = gen
-            request = self._request if gen == self.generation else None
-        if request is not None:
-            self.stopped_job = True
-            self.stop_at = time.monotonic()
-            request(REMOTE_GRACE, f"job watch: {head.splitlines()[0] if head else 'another host failed'}: stopping "
-                                  f"the workers of generation {gen} here (grace period at most {REMOTE_GRACE:g} s)")
+    @property
+    def decisions(self) -> dict[int, dict]:
+        """Node 0's decision at the end of each generation (empty without restarts)."""
+        return {} if self.coordination is None else self.coordination.decisions
 
-    def _decided(self, message: dict) -> None:
-        """Node 0's decision at the end of a generation: remembered; a restart moves on to the next one."""
-        gen = int(message["generation"])
-        with self.cond:
-            if gen in self.decisions or gen != self.generation:
-                return
-            self.decisions[gen] = {**message, "heard": time.monotonic()}
-            if message.get("restart"):
-                self.generation, self.my_end = gen + 1, None
-            self.cond.notify_all()
+    @property
+    def policy(self) -> Optional[Callable[[int, list[dict], bool], dict]]:
+        """Node 0's rules for restarts (:mod:`launcher.restart`); None: no decision is made."""
+        return None if self.coordination is None else self.coordination.policy
+
+    @policy.setter
+    def policy(self, rules: Optional[Callable[[int, list[dict], bool], dict]]) -> None:
+        if self.coordination is not None:
+            self.coordination.policy = rules
+
+    @property
+    def stop_hook(self) -> Optional[StopRequest]:
+        """Supervise's stop hook while it runs (:meth:`attach`)."""
+        return self._request
 
     def connected(self) -> bool:
         """True while a handshaken peer is connected."""
@@ -468,6 +469,10 @@ class Watch:
 
     def _post(self, message: dict) -> None:
         raise NotImplementedError
+
+    def post_now(self, message: dict, skip: Optional[int] = None) -> None:
+        """Send from the loop thread: the hub to every client but ``skip``, a client to the hub."""
+        self._post(message)
 
     def _leave(self, message: dict, code: int) -> None:
         raise NotImplementedError
