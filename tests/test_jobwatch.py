@@ -1,4 +1,4 @@
-"""The job watch: the launchers of one job watch each other (launcher/jobwatch.py).
+"""The job watch: the launchers of one job watch each other (launcher/jobwatch/).
 
 Protocol tests run a real hub and real clients on 127.0.0.1 (threads in this process, or a client in a
 subprocess paused with SIGSTOP: a silent peer). Job tests run two real launchers with torchrun (gloo,

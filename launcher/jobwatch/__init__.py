@@ -14,36 +14,19 @@ the rendezvous port of a neighbouring job. Clients try the same list in order an
 that answers with this job's identity: every host reaches the same hub, or none (then every host logs
 that it runs without the watch, and a failure report says so). ``--watch-port`` gives one port.
 
-Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` bytes.
+Modules: :mod:`~launcher.jobwatch.watch` (framing, tags, connections and the loop both roles share),
+:mod:`~launcher.jobwatch.hub` (node 0), :mod:`~launcher.jobwatch.client` (every other node),
+:mod:`~launcher.jobwatch.messages` (the typed messages, with a table of every one: who sends it, when, and what
+its receiver does) and :mod:`~launcher.jobwatch.restarts` (restarts in place: the generation messages, attached
+to the watch as hang detection, :mod:`launcher.hangwatch`, attaches itself as its :class:`Extension`).
 
-- ``watch`` {nonce}: the hub's first line on every connection (a fresh random nonce);
-- ``hello`` {job, node, host, nnodes, nonce}: a client's first line; ``job`` is the job's identity
-  (:func:`launcher.command.job_identity`: the platform's job name, the rendezvous endpoint and the node count, which
-  every host knows). The hub answers a hello of this job with its own ``hello``, then every event it
-  has relayed so far; a hello of another job gets ``refused`` and the connection is closed (logged
-  once; neither job is affected). The newest accepted hello of a node replaces its older connection
-  (which is told ``replaced``): a reconnection, no loss;
-- ``hb``: a heartbeat, every second both ways;
-- ``failed`` {node, host, code, report, primary}: that host's workers failed; ``report`` is the first
-  lines of its failure report, ``primary`` False when its failure looks caused by another host (a
-  collective whose peer went away, a broken rendezvous);
-- ``done`` {node, host}: that host's workers all succeeded (it may leave);
-- ``lost`` {node, host, why}: the hub lost that host (also sent to the lost host, best effort);
-- ``gen_end`` {gen, node, host, code, klass, key, head, primary, progress, stopped, age, watched, steps}: with
-  restarts (:mod:`launcher.restart`), this host's torchrun of generation ``gen`` has ended, all its workers
-  gone; ``age``: seconds since its first worker failed;
-- ``gen_stop`` {gen, report}: the hub's order to stop the workers of generation ``gen`` (the first host that
-  failed in it; the ones after it send no second order);
-- ``gen`` {generation, restart, why, used, cause, cause_age}: node 0's decision at the end of a generation,
-  the same for every host: restart (every host starts generation + 1) or end the job; ``cause_age``: how
-  many seconds before the decision the root cause's failure was (node 0 stamps each ``gen_end`` on its own
-  clock: arrival less the ``age`` the host sent);
-- ``end``: in a job where only some hosts train (:mod:`launcher.groups`), every training host is
-  done: the others stop their script with SIGTERM and their configured grace period, which is no failure.
-- ``hang`` {phase, ...}: hang detection's own messages (:mod:`launcher.hangwatch`, attached as the
-  watch's :class:`Extension`): the hub's ``freeze``, ``dump`` and ``verdict`` {text}, a client's
-  ``frozen`` and ``stacks`` {ranks, groups, why}; a client's ``hb`` carries ``age``, how long ago its ranks
-  were last heard.
+Protocol: newline-delimited JSON objects, each line at most :data:`MAX_LINE` bytes; a client's first line
+is its ``hello`` {job, node, host, nnodes, nonce}, ``job`` the job's identity
+(:func:`launcher.command.job_identity`: the platform's job name, the rendezvous endpoint and the node count, which
+every host knows). The hub answers a hello of this job with its own ``hello``, then every event it has relayed
+so far; a hello of another job gets ``refused`` and the connection is closed (logged once; neither job is
+affected). The newest accepted hello of a node replaces its older connection (which is told ``replaced``): a
+reconnection, no loss.
 
 Authentication (optional): with a shared secret (``LAUNCHER_JOB_SECRET``, or ``--job-secret-file``),
 every line after ``watch`` is ``<hex HMAC-SHA256> <json>``, the tag over the job's identity, both
