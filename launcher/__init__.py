@@ -43,8 +43,12 @@ names every module and only modules that exist):
 - ``workerlogs``: the workers' output, copied from torchrun's log files to our streams, each line with its rank.
 - ``logspace``: the worker logs' disk use under ``$TMPDIR`` kept bounded while torchrun runs; a full disk named.
 - ``proctree``: finding and ending the processes the launcher started (the watchdog).
-- ``jobwatch``: the launchers of one job watch each other (the wire protocol); a failed or lost host stops
-  the job; the job's root cause is handed over as an ``Event``.
+- ``jobwatch/``: the launchers of one job watch each other; a failed or lost host stops the job; the job's root
+  cause is handed over as an ``Event``; ``start()`` and ``for_cluster()``.
+  - ``jobwatch/watch``: framing, tags (HMAC), connections and the loop that hub and client share.
+  - ``jobwatch/hub``: node 0's side; ``jobwatch/client``: every other node's.
+  - ``jobwatch/messages``: the typed messages, with the table of every one (the wire protocol).
+  - ``jobwatch/restarts``: restarts' generation messages and state, an extension of the watch.
 - ``progress``: when each rank was last heard and last stepped (beats, sampled main threads, lines of ranks
   with neither).
 - ``hangtimeout``: the hang timeout in force and why: the start's bound, fixed, or learned from the steps.

@@ -1,4 +1,4 @@
-"""The job watch: the launchers of one job watch each other (launcher/jobwatch.py).
+"""The job watch: the launchers of one job watch each other (launcher/jobwatch/).
 
 Protocol tests run a real hub and real clients on 127.0.0.1 (threads in this process, or a client in a
 subprocess paused with SIGSTOP: a silent peer). Job tests run two real launchers with torchrun (gloo,
@@ -155,8 +155,8 @@ def test_a_generation_is_stopped_once_however_many_hosts_fail_in_it(watches):
     until(lambda: all(joined(w) for w, _ in clients) and len(hub.states) == 3)
     last = clients[2][0]
     told = []
-    heard = last._gen_stop
-    last._gen_stop = lambda gen, head: (told.append(gen), heard(gen, head))  # each gen_stop message it gets
+    heard = last.coordination._gen_stop  # restarts: launcher/jobwatch/restarts.py
+    last.coordination._gen_stop = lambda gen, head: (told.append(gen), heard(gen, head))  # each gen_stop it gets
 
     def end(watch: jobwatch.Watch, node: int, code: int, primary: bool) -> threading.Thread:
         message = restart.End(node, f"algo-{node + 1}", code, "worker" if code else "success",
@@ -456,7 +456,7 @@ def test_hundreds_of_idle_connections_and_a_flood_of_1100_never_stop_the_job(wat
 
 
 def test_a_slow_sender_and_a_half_open_connection_are_dropped(watches, monkeypatch):
-    monkeypatch.setattr(jobwatch, "HANDSHAKE_TIMEOUT", 1.0)
+    monkeypatch.setattr(jobwatch.hub, "HANDSHAKE_TIMEOUT", 1.0)  # the hub drops strangers
     hub, rec = watches(0, nnodes=2, timeout=30.0)
     slow = raw_client(watches.port, hello=False)
     half = raw_client(watches.port, hello=False)

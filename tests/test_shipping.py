@@ -34,6 +34,7 @@ SCRIPT = os.path.join(REPO, "tests", "scripts", "ddp_allreduce.py")
 OLD_PYTHONS = sorted(p for p in glob.glob("/root/.pyenv/versions/[23].*/bin/python")
                      if tuple(int(n) for n in p.split("/")[-3].split(".")[:2]) < SUPPORTED)
 RUN_TIMEOUT = 240.0
+JOBWATCH = ("__init__", "watch", "hub", "client", "messages", "restarts")  # the job watch package: all shipped
 
 
 def torch_and_its_dependencies() -> list[importlib.metadata.Distribution]:
@@ -131,9 +132,11 @@ def test_the_wheel_and_sdist_hold_the_launcher_alone(dist, stock, tmp_path):
     import tarfile
 
     with zipfile.ZipFile(dist["wheel"]) as whl:
-        tops = {n.split("/")[0] for n in whl.namelist()}
+        names_of_wheel = whl.namelist()
+        tops = {n.split("/")[0] for n in names_of_wheel}
         entry_points = next(whl.read(n).decode() for n in whl.namelist() if n.endswith("entry_points.txt"))
     assert {t for t in tops if not t.endswith(".dist-info")} == {"launcher"}
+    assert {f"launcher/jobwatch/{m}.py" for m in JOBWATCH} <= set(names_of_wheel), names_of_wheel
     assert "ddp-launcher = launcher.entry:main" in entry_points
     with tarfile.open(dist["sdist"]) as sdist:
         names = [n.split("/", 1)[1] for n in sdist.getnames() if "/" in n]
@@ -178,7 +181,7 @@ def test_a_two_host_job_runs_in_a_python_that_has_only_torch(form, dist, stock, 
     else:
         shipped = site_of(stock["with_wheel"])
     files = bundle.package_files(os.path.join(shipped, "launcher"))
-    assert "cli.py" in files
+    assert "cli.py" in files and {f"jobwatch/{m}.py" for m in JOBWATCH} <= set(files), files
     for host, ranks in records.items():
         code = os.path.join(workdir, host, "code")
         for rec in ranks:
