@@ -129,7 +129,7 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
     options, c = p.invocation.options, p.cluster
     policy = restart.Policy(options.max_restarts, options.restart_on)
     if watch is not None:
-        watch.policy = lambda gen, ends, lost: policy.decide(gen, [restart.end_of(e) for e in ends], lost).message()
+        watch.set_policy(lambda gen, ends, lost: policy.decide(gen, [restart.end_of(e) for e in ends], lost).message())
     history = History(options.max_restarts)
     signals: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _frame: signals.append(signum)) for sig in STOP_SIGNALS}
@@ -183,8 +183,7 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
             history.records.append(restart.record(decision, None, spans))
             pending = restart.restart_line(decision, options.max_restarts)
             if watch is not None:
-                watch.stopped_job = False
-                watch.stop_at = None
+                watch.new_generation()
             _fresh(launch)
             generation += 1
     finally:

@@ -112,7 +112,7 @@ class HangWatch:
         self._kids: list[tuple[int, int, hang.Position]] = []  # (rank, pid, position) of the ranks' children
         self.thread = threading.Thread(target=self._loop, name="hang-watch", daemon=True)
         if watch is not None:
-            watch.extension = self
+            watch.add_extension(self)
 
     # -- supervise's side --
     def feed(self, chunk: bytes, stderr: bool = False) -> None:

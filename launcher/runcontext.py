@@ -32,9 +32,12 @@ class JobWatch(Protocol):
     off: str  # why this host runs without the watch ("" when it runs with it)
     training_ended: bool  # a host outside the training world: every training host is done
     decisions: dict[int, dict]  # node 0's decision at the end of each generation
-    policy: Optional[Callable[[int, list[dict], bool], dict]]  # node 0's restart rules
 
     def attach(self, request: Optional[StopHook]) -> None: ...
+
+    def set_policy(self, rules: Optional[Callable[[int, list[dict], bool], dict]]) -> None: ...
+
+    def new_generation(self) -> None: ...
 
     def finish(self, code: int, head: str, primary: bool) -> Optional[Event]: ...
 

@@ -341,3 +341,32 @@ def test_the_run_context_and_the_plan_load_no_service_module() -> None:
     assert out.returncode == 0, out.stderr
     loaded = set(ast.literal_eval(out.stdout))
     assert {"launcher.runcontext", "launcher.plan"} <= loaded and sorted(loaded & set(SERVICES)) == []
+
+
+def watch_attributes_set(path: str) -> list[str]:
+    """``name.attr = ...`` (or augmented; ``name`` also ``x.name``) where ``name`` is a job watch (a name ending in
+    ``watch``), in ``path``."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            owner = target.value if isinstance(target, ast.Attribute) else None
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name.endswith("watch") and name != "hangwatch":
+                found.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: {name}.{target.attr}")
+    return found
+
+
+def test_no_attribute_of_the_watch_is_set_from_outside(tmp_path) -> None:
+    # The job watch's state is its own: outside launcher/jobwatch/ it is changed through its methods only.
+    sample = tmp_path / "sample.py"
+    sample.write_text("watch.policy = None\njob_watch.stop_at += 1\nself.watch.off = ''\n"
+                      "watch.finish(0, '', True)\nother.x = 1\n")
+    assert [line.split(": ", 1)[1] for line in watch_attributes_set(str(sample))] == [
+        "watch.policy", "job_watch.stop_at", "watch.off"]
+    outside = [path for path in glob.glob(os.path.join(REPO, "launcher", "**", "*.py"), recursive=True)
+               if os.sep + "jobwatch" + os.sep not in path]
+    assert [hit for path in outside for hit in watch_attributes_set(path)] == []

@@ -214,10 +214,19 @@ class Watch:
         """Node 0's rules for restarts (:mod:`launcher.restart`); None: no decision is made."""
         return None if self.coordination is None else self.coordination.policy
 
-    @policy.setter
-    def policy(self, rules: Optional[Callable[[int, list[dict], bool], dict]]) -> None:
+    def set_policy(self, rules: Optional[Callable[[int, list[dict], bool], dict]]) -> None:
+        """Give node 0 its rules for restarts (:attr:`policy`)."""
         if self.coordination is not None:
             self.coordination.policy = rules
+
+    def new_generation(self) -> None:
+        """A restart starts the next generation: this watch has stopped none of its workers yet."""
+        self.stopped_job = False
+        self.stop_at = None
+
+    def add_extension(self, extension: Extension) -> None:
+        """Carry ``extension``'s messages and heartbeat fields (hang detection: :mod:`launcher.hangwatch`)."""
+        self.extension = extension
 
     @property
     def stop_hook(self) -> Optional[StopRequest]:
