@@ -129,7 +129,8 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
     worker's output; within it, another thread's (a logger writes while faulthandler does). faulthandler
     writes a line in many writes (a name a character at a time), so another thread's text can also break a
     line: a frame is lost, or a header, and a frame after a thread's outermost ``threading`` frame
-    (``_bootstrap``) starts the next thread all the same.
+    (``_bootstrap``, or ``_bootstrap_inner`` when the ``_bootstrap`` line was lost) starts the next thread all
+    the same.
     """
     dumps: dict[Optional[int], list[tuple[str, bool, list[Frame]]]] = {}
     reading: dict[Optional[int], bool] = {}  # the rank's last line was part of a thread's frames
@@ -150,19 +151,30 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
         frame = _FRAME.search(text)
         if frame:
             frames = dumps[rank][-1][2]
-            if frames and _is_threading_start(frames[-1]) and frames[-1].func == THREADING_BOOTSTRAP:
-                if len(dumps[rank]) >= MAX_THREADS:  # a thread's outermost frame was read: this one's header broke
+            number = frame.group(2)
+            found = Frame(frame.group(1), int(number) if number.isdigit() else 0, frame.group(3))
+            if frames and _ends_a_thread(frames[-1], found):
+                if len(dumps[rank]) >= MAX_THREADS:
                     reading[rank] = False
                     continue
                 frames = []
                 dumps[rank].append((f"?{len(dumps[rank])}", False, frames))
             if len(frames) < MAX_FRAMES:
-                number = frame.group(2)
-                frames.append(Frame(frame.group(1), int(number) if number.isdigit() else 0, frame.group(3)))
+                frames.append(found)
         # else: another thread's output, written while faulthandler wrote (a logger; a line cut into a frame's
         # line), or what faulthandler adds ("<no Python frame>", "Extension modules: ..."): skipped; the worker
         # ends with its dump, and the next dump starts at its first header
     return {rank: [Thread(i, c, tuple(f)) for i, c, f in threads] for rank, threads in dumps.items() if threads}
+
+
+def _ends_a_thread(last: Frame, following: Frame) -> bool:
+    """``following`` is another thread's frame, whose header another thread's output broke: ``last`` is the
+    outermost frame of a thread ``threading`` started (``_bootstrap``), or the one before it
+    (``_bootstrap_inner``, its ``_bootstrap`` line lost) and ``following`` is no ``_bootstrap``."""
+    if not _is_threading_start(last):
+        return False
+    return last.func == THREADING_BOOTSTRAP or not (following.func == THREADING_BOOTSTRAP
+                                                   and following.file.endswith("threading.py"))
 
 
 def is_user_code(path: str, own: Sequence[str] = ()) -> bool:
@@ -190,7 +202,8 @@ def main_thread(threads: Sequence[Thread], main: Optional[int] = None) -> Option
     """The thread the script runs in. When its id ``main`` is known (the worker's bootstrap recorded
     ``threading.main_thread().ident``, the number in faulthandler's header): the thread with that id, or the
     one whose header another thread's output broke (:func:`parse_dumps`) and whose outermost frame is the
-    bootstrap's (:data:`BOOTSTRAP_MAIN`), else None. Else by its looks: the one not started by ``threading``
+    bootstrap's (:data:`BOOTSTRAP_MAIN`), else None. Else by its looks, the last printed first (faulthandler
+    prints the threads newest first, the main thread last): the one not started by ``threading``
     (either of its two outermost frames is threading's, so that one lost frame does not hide it) whose
     outermost frame is ``<module>``, else one not started by ``threading`` with a frame outside the standard
     library (the script's, a package's), else any not started by ``threading``, else the one that took the signal. The
@@ -207,7 +220,8 @@ def main_thread(threads: Sequence[Thread], main: Optional[int] = None) -> Option
         return (any(_is_threading_start(f) for f in t.frames[-2:])
                 or (first.file.endswith(SAMPLER[0]) and first.func not in SAMPLER[1]))
 
-    mains = [t for t in threads if t.frames and not started_by_threading(t)]
+    # faulthandler prints the threads newest first: the main thread, the oldest, last; so the last that fits
+    mains = [t for t in reversed(threads) if t.frames and not started_by_threading(t)]
     for thread in mains:
         if thread.frames[-1].func == "<module>":
             return thread
@@ -216,7 +230,7 @@ def main_thread(threads: Sequence[Thread], main: Optional[int] = None) -> Option
             return thread
     if mains:
         return mains[0]
-    return next((t for t in threads if t.current), threads[0] if threads else None)
+    return next((t for t in threads if t.current), threads[-1] if threads else None)
 
 
 def is_distributed_wait(frame: Frame) -> bool:

@@ -459,11 +459,13 @@ foreign_st = st.sampled_from(["chat 42\n", "INFO:chatty:chat 42\n", "\r 45%|####
 
 
 @settings(max_examples=400, deadline=None)
-@given(others_st, st.lists(st.tuples(st.integers(0, 10**6), foreign_st), max_size=2))
+@given(others_st, st.lists(st.tuples(st.integers(0, 10**6), foreign_st), max_size=3))
 def test_another_threads_writes_inside_a_dump_never_make_its_frame_the_position(
         others: list[list[Frame]], writes: list[tuple[int, str]]) -> None:
-    # Up to two writes of another thread (a logger's line, a progress bar's \r-ended text) land anywhere in the
-    # dump, between any two of faulthandler's writes: the position is one of the main thread's own frames.
+    # Up to three writes of another thread (a logger's line, a progress bar's \r-ended text) land anywhere in the
+    # dump, between any two of faulthandler's writes: the position is one of the main thread's own frames, even by
+    # the thread's looks alone (no id recorded). (Four can break both outermost threading frames of a thread, the
+    # main thread's header and its <module> line: then only the recorded id tells.)
     threads = [("Thread", started(n, inner)) for n, inner in enumerate(others)]
     pieces = faulthandler_pieces([*threads, ("Current thread", MAIN_FRAMES)])
     for at, text in sorted(writes, reverse=True):
@@ -488,14 +490,15 @@ def test_a_header_broken_by_a_logger_does_not_join_the_main_thread_to_the_one_be
     assert hang.position(threads) == Position("/job/train.py", 30, "read_input", "", False)
 
 
-
 def test_a_known_main_thread_id_picks_that_thread_and_no_other() -> None:
     script = Frame("/job/train.py", 9, "<module>")
     boot = Frame("/opt/launcher/bootstrap.py", 392, "<module>")
     looks_main = Thread("0x00007f0000000001", True, (Frame("/job/other.py", 3, "spin"), script))
     real = Thread("0x00007f0000000002", False, (Frame("/job/train.py", 57, "load_batch"), boot))
-    assert hang.main_thread([looks_main, real]) is looks_main  # by its looks alone
-    assert hang.main_thread([looks_main, real], 0x7F0000000002) is real  # printed last, and no current thread
+    assert hang.main_thread([looks_main, real]) is real  # by its looks: the last printed that fits
+    assert hang.main_thread([real, looks_main]) is looks_main  # ... which another order fools
+    assert hang.main_thread([real, looks_main], 0x7F0000000002) is real  # the id: whatever the order
+    assert hang.main_thread([looks_main, real], 0x7F0000000002) is real
     pos = hang.position([looks_main, real], (), 0x7F0000000002)
     assert pos is not None and (pos.line, pos.func) == (57, "load_batch")
     assert hang.main_thread([looks_main], 0x7F0000000002) is None  # missing: no other thread stands for it

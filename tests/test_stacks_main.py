@@ -105,8 +105,11 @@ def test_the_recorded_main_thread_is_chosen_though_printed_last_after_one_that_l
     assert proc.returncode == -signal.SIGABRT and taken.why == {} and taken.mains == {3: main}
     threads = taken.dumps[3]
     assert len(threads) == 5 and hang.thread_id(threads[-1].ident) == main  # faulthandler: the main thread last
-    decoy = hang.main_thread(threads)  # by its looks alone, the thread running /job/fake.py's <module>
+    # by its looks the thread running /job/fake.py's <module> is a main thread too: printed before the main one,
+    # it is passed over (the last printed that fits), and taken in another order; the id is never fooled
+    decoy = hang.main_thread(threads[::-1])
     assert decoy is not None and decoy.frames[-1].file == "/job/fake.py", threads
+    assert hang.main_thread(threads[::-1], main) is hang.main_thread(threads, main) is threads[-1]
     pos = hang.position(threads, (), taken.mains[3])
     assert pos is not None and (pos.file, pos.line, pos.func) == (str(tmp_path / "train.py"), LINE, "blocked")
     # another thread's line (a C++ library's warning) breaks the main thread's header: its frames, read as a
