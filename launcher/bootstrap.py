@@ -314,32 +314,28 @@ def _stderr_offset():
     return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
-def _record(code):
-    """Write ``{"code", "stderr_offset", "started"}`` for this process, atomically; never fails the script."""
+def _write(suffix, text):
+    """Write ``text`` to ``<pid><suffix>`` in the exit directory, atomically; never fails the script."""
     directory = os.environ.get(EXIT_DIR_VARIABLE)
     if not directory:
         return
-    path = os.path.join(directory, f"{os.getpid()}.json")
+    path = os.path.join(directory, f"{os.getpid()}{suffix}")
     try:
         with open(path + ".tmp", "w") as fh:
-            json.dump({"code": code, "stderr_offset": _stderr_offset(), "started": STARTED}, fh)
+            fh.write(text)
         os.replace(path + ".tmp", path)
     except OSError:
         pass
+
+
+def _record(code):
+    """Write ``{"code", "stderr_offset", "started"}`` for this process (``<pid>.json``)."""
+    _write(".json", json.dumps({"code": code, "stderr_offset": _stderr_offset(), "started": STARTED}))
 
 
 def _record_main_thread():
-    """Write the main thread's id (decimal) to ``<pid>.thread`` in the exit directory; never fails the script."""
-    directory = os.environ.get(EXIT_DIR_VARIABLE)
-    if not directory:
-        return
-    path = os.path.join(directory, f"{os.getpid()}.thread")
-    try:
-        with open(path + ".tmp", "w") as fh:
-            fh.write(str(threading.main_thread().ident))
-        os.replace(path + ".tmp", path)
-    except OSError:
-        pass
+    """Write the main thread's id (decimal) to ``<pid>.thread``."""
+    _write(".thread", str(threading.main_thread().ident))
 
 
 def _asked(code):

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import textwrap
 import time
-from typing import Any
+from typing import Any, Callable
 
 from conftest import PYTHON, REPO, assert_gone
 from hypothesis import given
@@ -82,21 +82,31 @@ def start_worker(tmp_path: Any, threads: int, *mode: str, **extra: str) -> subpr
     return proc
 
 
-def take_one(tmp_path: Any, threads: int, *mode: str, **extra: str) -> tuple[stacks.Taken, int, subprocess.Popen]:
-    """Start one worker (:func:`start_worker`), freeze it, take its stacks."""
-    proc = start_worker(tmp_path, threads, *mode, **extra)
-    exits = tmp_path / "exits"
+def freeze_and_take(proc: subprocess.Popen, before: Callable[[], None] = lambda: None) -> stacks.Taken:
+    """``before()`` (checks on the living worker), then freeze the worker and take its stacks; whatever happens,
+    the worker is ended by PID and proved gone."""
     try:
-        main = int((exits / f"{proc.pid}.thread").read_text())
-        assert stacks.describe(proc.pid).main == main
+        before()
         stacks.signal_workers([proc.pid], signal.SIGSTOP)
-        taken = stacks.take([proc.pid], None, BOUND)
+        return stacks.take([proc.pid], None, BOUND)
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
         assert_gone([proc.pid])
-    return taken, main, proc
+
+
+def take_one(tmp_path: Any, threads: int, *mode: str, **extra: str) -> tuple[stacks.Taken, int, subprocess.Popen]:
+    """Start one worker (:func:`start_worker`), freeze it, take its stacks."""
+    proc = start_worker(tmp_path, threads, *mode, **extra)
+    main = []
+
+    def recorded() -> None:
+        main.append(int((tmp_path / "exits" / f"{proc.pid}.thread").read_text()))
+        assert stacks.describe(proc.pid).main == main[0]
+
+    taken = freeze_and_take(proc, recorded)
+    return taken, main[0], proc
 
 
 def test_the_recorded_main_thread_is_chosen_though_printed_last_after_one_that_looks_like_a_main(
@@ -153,17 +163,13 @@ def test_the_sampler_holds_still_before_the_stacks_are_taken(tmp_path: Any) -> N
     beats = str(tmp_path / "beats.sock")  # nobody listens: the sampler's beats are lost, as it allows
     proc = start_worker(tmp_path / "sampled", 0, DDP_LAUNCHER_PROGRESS=beats)
     exits = tmp_path / "sampled" / "exits"
-    try:
+
+    def parked() -> None:
         assert not (exits / f"{proc.pid}.parked").exists()
         assert stacks.park_samplers([proc.pid], BOUND) == []
         assert (exits / stacks.PARK_NAME).exists() and (exits / f"{proc.pid}.parked").exists()
-        stacks.signal_workers([proc.pid], signal.SIGSTOP)
-        taken = stacks.take([proc.pid], None, BOUND)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        assert_gone([proc.pid])
+
+    taken = freeze_and_take(proc, parked)
     threads = taken.dumps[3]
     parked = [t for t in threads if any(f.func == "_park" and f.file.endswith("bootstrap.py") for f in t.frames)]
     assert len(parked) == 1 and parked[0].frames[-1].func == "_bootstrap", threads
