@@ -193,15 +193,33 @@ def read_dump(worker: Worker) -> list[hang.Thread]:
 
 
 def signal_workers(pids: Sequence[int], signum: int) -> None:
-    """Send ``signum`` to each worker; before SIGABRT, set its core size limit to 0 (no core file)."""
+    """Send ``signum`` to each worker; SIGABRT to its main thread (:func:`_to_main_thread`), after setting its
+    core size limit to 0 (no core file)."""
     import resource  # only on a hang
 
     for pid in pids:
         if signum == signal.SIGABRT:
             with contextlib.suppress(OSError, ValueError):
                 resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+            if _to_main_thread(pid, signum):
+                continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
+
+
+def _to_main_thread(pid: int, signum: int) -> bool:
+    """Send ``signum`` to the process's main thread (its thread id is its pid; Linux ``tgkill``): faulthandler's
+    handler then runs in the main thread, which cannot go on meanwhile. Sent to the process, any thread could take
+    it while the main thread resumed: a rank whose peer died in another host's dump woke in its collective, raised,
+    and was dumped inside ``sys.excepthook`` instead of at its line. False where ``tgkill`` is missing."""
+    import ctypes  # only on a hang
+
+    try:
+        tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+    except (OSError, AttributeError):  # no C library here, or one older than glibc 2.30
+        return False
+    tgkill(pid, pid, signum)  # a process already gone: ESRCH, as os.kill's ProcessLookupError is ignored
+    return True
 
 
 def wait_done(workers: Sequence[Worker], bound: float) -> dict[int, str]:
