@@ -27,7 +27,7 @@ Exit codes, by class (launcher/codes.py; the outcome file names the class, see -
   2      bad_input      bad files, variables or options; nothing was started
   70     internal       the launcher's own error
 Retry host_lost, rendezvous and stopped; never the others. With several nodes the launchers watch
-each other (launcher/jobwatch.py): when another host fails, every host exits with that root cause's
+each other (launcher/jobwatch/): when another host fails, every host exits with that root cause's
 code and its report starts with it.
 """
 
