@@ -48,8 +48,9 @@ torch or this file), that frame's line, and the library frame it called (the *ca
 A blocked collective, a deadlock, a blocked read and a library poll loop keep the script's frame, line and
 callee for ever: no ``~moved``. A C call that holds the GIL stops the sampler too: no beat, as it should be.
 ``DDP_LAUNCHER_SAMPLE=0`` turns the sampler off. Before a hang's stacks are taken the launcher asks the sampler
-to look no more (the file ``park`` in the exit directory): it says so (``<pid>.parked``) and holds still, so that
-faulthandler never reads its frames while it changes them.
+to look no more (the file ``park`` in the exit directory): it turns faulthandler's dump to a file of its own
+(``<pid>.stacks``, which no other thread of the script writes into), says so (``<pid>.parked``) and holds still,
+so that faulthandler never reads its frames while it changes them.
 """
 
 import contextlib
@@ -250,11 +251,34 @@ def _sample(sampler, rank, path, stop, park=None):
 def _park(park, stop):
     """Look no more: the launcher takes every thread's stack next. faulthandler reads each thread's frames
     without the GIL; a thread that runs Python meanwhile changes them under it, and the dump can show a
-    wrong frame or crash before it reaches the main thread (printed last). Says so in ``<pid>.parked``
-    beside ``park``, then waits in C until ``stop`` (in a worker: for ever), holding still."""
+    wrong frame or crash before it reaches the main thread (printed last). Turns the dump to a file of its own
+    (:func:`_dump_to_own_file`), says so in ``<pid>.parked`` beside ``park``, then waits in C until ``stop``
+    (in a worker: for ever), holding still."""
+    directory = os.path.dirname(park)
+    _dump_to_own_file(directory)
     with contextlib.suppress(OSError):
-        os.close(os.open(os.path.join(os.path.dirname(park), f"{os.getpid()}.parked"), os.O_WRONLY | os.O_CREAT))
+        os.close(os.open(os.path.join(directory, f"{os.getpid()}.parked"), os.O_WRONLY | os.O_CREAT))
     stop.wait()
+
+
+def _dump_to_own_file(directory):
+    """From now on faulthandler writes its dump (the launcher's SIGABRT comes next) to ``<pid>.stacks`` in
+    ``directory``, a file no other thread writes to: in the worker's stderr a logger's line, written while
+    faulthandler wrote a frame's line a word at a time, joined that line (``in all_reduceINFO:chat 122``) and
+    the frame was misread. Only when faulthandler is on (the user may have turned it off); the descriptor stays
+    open for faulthandler (and for a forked child, which dumps into the same file)."""
+    import faulthandler
+
+    if not faulthandler.is_enabled():
+        return
+    fd = -1
+    try:
+        fd = os.open(os.path.join(directory, f"{os.getpid()}.stacks"),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        faulthandler.enable(file=fd, all_threads=True)
+    except (OSError, ValueError, RuntimeError):
+        if fd >= 0:
+            os.close(fd)
 
 
 def start_sampler(environ, stop=None):

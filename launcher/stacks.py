@@ -1,10 +1,15 @@
-"""A hung host's stacks, taken in bounded time: each worker writes its own dump into its own stderr file.
+"""A hung host's stacks, taken in bounded time: each worker writes its own dump into a file of its own.
 
 The workers run with ``PYTHONFAULTHANDLER=1``: faulthandler's handler for :data:`STACK_SIGNAL` (SIGABRT) is a
 C function that writes every thread's Python stack to file descriptor 2 and lets the process end. It needs
 no GIL and no Python code runs, so a rank stuck in a C call, a collective or a busy loop dumps all the same.
 Under ``--redirects`` that descriptor is torchrun's log file of the worker (``/proc/PID/fd/2``), so the dump
-is read straight from it, from where the file ended when the worker was frozen. Nothing on the way depends on
+is read straight from it, from where the file ended when the worker was frozen. Where the worker's sampler
+runs (:mod:`launcher.bootstrap`), asked to hold still before the freeze (:func:`park_samplers`) it turns the
+dump to a file of its own, ``<pid>.stacks`` in the exit directory (:func:`own_dump_file`): there no other thread
+of the script writes into it (in stderr a logger's line joined a frame's line and the frame was misread), and
+the dump is read from that file and then appended to the worker's log (:func:`copy_to_log`), so the host's log
+still has it in full. Nothing on the way depends on
 another thread being scheduled: not the copy of the workers' output (:mod:`launcher.workerlogs`; before it,
 torchrun's ``--tee`` threads), nor the launcher's output pumps, whose output was waited for a fixed 10 s before.
 
@@ -53,14 +58,20 @@ MAX_IDENT = 2 ** 64  # a thread id (``pthread_t``) is an unsigned long
 
 
 class Worker(NamedTuple):
-    """One worker: its pid, its global rank (``RANK``), its stderr file and that file's size when frozen, and
-    its main thread's id when :mod:`launcher.bootstrap` recorded it."""
+    """One worker: its pid, its global rank (``RANK``), its stderr file and that file's size when frozen, its
+    main thread's id when :mod:`launcher.bootstrap` recorded it, and the file of its own that its parked sampler
+    turned faulthandler's dump to (``<pid>.stacks``), if any."""
 
     pid: int
     rank: Optional[int]
     path: Optional[str]
     offset: int
     main: Optional[int] = None
+    own: Optional[str] = None
+
+    def dump_file(self) -> tuple[Optional[str], int]:
+        """Where its dump is written, and from which offset: its own file from the start, else its stderr."""
+        return (self.own, 0) if self.own is not None else (self.path, self.offset)
 
 
 class Taken(NamedTuple):
@@ -121,19 +132,31 @@ def describe(pid: int) -> Worker:
     rank: Optional[int] = None
     path: Optional[str] = None
     main: Optional[int] = None
+    own: Optional[str] = None
     offset = 0
     with contextlib.suppress(ValueError):
         env = _environ(pid)
         text = env.get(b"RANK", b"").decode()
         rank = int(text) if text.isdigit() and len(text) <= 7 else None
         exit_dir = os.fsdecode(env.get(EXIT_DIR_VARIABLE, b""))
-        main = main_ident(exit_dir, pid) if exit_dir.startswith("/") else None
+        if exit_dir.startswith("/"):
+            main = main_ident(exit_dir, pid)
+            own = own_dump_file(exit_dir, pid)
     with contextlib.suppress(OSError):
         target = os.readlink(f"/proc/{pid}/fd/2")
         info = os.stat(f"/proc/{pid}/fd/2")
         if stat.S_ISREG(info.st_mode) and target.startswith("/"):
             path, offset = target, info.st_size
-    return Worker(pid, rank, path, offset, main)
+    return Worker(pid, rank, path, offset, main, own)
+
+
+def own_dump_file(exit_dir: str, pid: int) -> Optional[str]:
+    """``<exit_dir>/<pid>.stacks`` when the worker's sampler, parked, turned faulthandler's dump to it (it says
+    so in ``<pid>.parked`` after); None else."""
+    own = os.path.join(exit_dir, f"{pid}.stacks")
+    if os.path.exists(os.path.join(exit_dir, f"{pid}.parked")) and os.path.isfile(own):
+        return own
+    return None
 
 
 def _mask(fields: Mapping[str, str], name: str) -> int:
@@ -181,15 +204,35 @@ def _size(path: Optional[str]) -> int:
 
 def read_dump(worker: Worker) -> list[hang.Thread]:
     """The worker's last dump in its file after its offset (at most :data:`MAX_DUMP_BYTES`); [] if none."""
-    if worker.path is None:
-        return []
+    return hang.parse_dumps(_dump_text(worker).decode("utf-8", "replace").splitlines(),
+                            worker.rank).get(worker.rank, [])
+
+
+def _dump_text(worker: Worker) -> bytes:
+    path, offset = worker.dump_file()
+    if path is None:
+        return b""
     try:
-        with open(worker.path, "rb") as fh:
-            fh.seek(worker.offset)
-            data = fh.read(MAX_DUMP_BYTES)
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(MAX_DUMP_BYTES)
     except OSError:
-        return []
-    return hang.parse_dumps(data.decode("utf-8", "replace").splitlines(), worker.rank).get(worker.rank, [])
+        return b""
+
+
+def copy_to_log(worker: Worker) -> None:
+    """Append the dump written to the worker's own file to its stderr file (torchrun's log of it, which the
+    launcher copies to its output with the rank's prefix): the host's log has every thread's stack in full,
+    as when faulthandler wrote it there. Nothing when it has no own file, or no stderr file."""
+    if worker.own is None or worker.path is None:
+        return
+    data = _dump_text(worker)
+    with contextlib.suppress(OSError):
+        fd = os.open(worker.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
 
 def signal_workers(pids: Sequence[int], signum: int) -> None:
@@ -238,9 +281,10 @@ def wait_done(workers: Sequence[Worker], bound: float) -> dict[int, str]:
                 if state == "ignored":
                     why[pid] = IGNORED
             elif state == "asleep":
-                since, size = asleep.setdefault(pid, (now, _size(worker.path)))
-                if _size(worker.path) != size:
-                    asleep[pid] = (now, _size(worker.path))
+                written = _size(worker.dump_file()[0])
+                since, size = asleep.setdefault(pid, (now, written))
+                if written != size:
+                    asleep[pid] = (now, written)
                 elif now - since >= SETTLE:
                     del left[pid]
                     why[pid] = CAUGHT
@@ -297,11 +341,12 @@ def _dump_children(workers: Sequence[Worker], bound: float) -> dict[int, list[tu
 
 def take(pids: Sequence[int], parent: Optional[int], bound: float) -> Taken:
     """Dump the (frozen) workers ``pids``: first their children (:func:`_dump_children`), then SIGABRT
-    pending, then SIGCONT; torchrun (``parent``) stopped meanwhile when every worker's stderr is a file;
-    wait (:func:`wait_done`) and read each dump."""
+    pending, then SIGCONT; torchrun (``parent``) stopped meanwhile when every worker's dump is read from a
+    file; wait (:func:`wait_done`), copy each dump written to a worker's own file into its log
+    (:func:`copy_to_log`), and read each dump."""
     children = _dump_children([describe(pid) for pid in pids], bound / 2)
     workers = [describe(pid) for pid in pids]
-    readable = [w for w in workers if w.rank is not None and w.path is not None]
+    readable = [w for w in workers if w.rank is not None and w.dump_file()[0] is not None]
     unread = [w.pid for w in workers if w not in readable]
     hold = parent is not None and not unread and bool(workers)
     if hold and parent is not None:
@@ -310,6 +355,8 @@ def take(pids: Sequence[int], parent: Optional[int], bound: float) -> Taken:
         signal_workers(pids, STACK_SIGNAL)
         signal_workers(pids, signal.SIGCONT)
         why_pid = wait_done(readable, bound)
+        for worker in readable:  # before torchrun goes on, ends, and the copy of its logs with it
+            copy_to_log(worker)
     finally:
         if hold and parent is not None:
             signal_workers([parent], signal.SIGCONT)

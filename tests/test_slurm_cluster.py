@@ -144,13 +144,13 @@ def test_scancel_checkpoints_ends_within_killwait_and_the_rerun_resumes(lab: Slu
         time.sleep(0.2)
     running = job_pids(lab)
     lab.run(["scancel", str(job)])
-    cancelled = time.monotonic()
     fields = lab.wait_job(job, timeout=KILL_WAIT + 15)
     assert_gone(running, within=KILL_WAIT)
-    ended = time.monotonic() - cancelled
     out = lab.output(job)
     assert fields["JobState"] == "CANCELLED", out
-    assert ended < KILL_WAIT, f"the job took {ended:.1f} s to end after scancel:\n{out[-3000:]}"
+    # within KillWait: had slurmd's SIGKILL come first, no launcher would have said how its workers ended (an
+    # event, not the seconds a loaded machine took)
+    assert out.count("stopped by a signal; every worker finished cleanly") == 2, out[-3000:]
     assert "received SIGTERM: finishing this step" in out
     assert not job_pids(lab), "processes left on a node after the job ended"
     saved = sorted(glob.glob(str(tmp_path / "ck" / "checkpoint-e*.pt")))

@@ -8,7 +8,8 @@ SIGABRT through :func:`launcher.stacks.take`.
 - a worker with more threads than faulthandler prints (100) gives a dump without its main thread: the rank
   has no position, and the reason says so, never another thread's frame;
 - the bootstrap's sampler, asked to hold still before the dump (:func:`launcher.stacks.park_samplers`), says so
-  and is found parked in the dump, beside the main thread.
+  and is found parked in the dump, beside the main thread; it turned the dump to the worker's own file, which
+  another thread's writes to stderr cannot break, and the dump is appended to the worker's log.
 
 Every process started here is ended by PID and proved gone.
 """
@@ -184,6 +185,51 @@ def test_the_sampler_holds_still_before_the_stacks_are_taken(tmp_path: Any) -> N
         quiet.kill()
         quiet.wait()
         assert_gone([quiet.pid])
+
+
+def take_parked(where: Any, beats: str) -> tuple[stacks.Taken, stacks.Worker, subprocess.Popen]:
+    """Start a chatty worker with its sampler, park the sampler, freeze the worker, take its stacks; the worker
+    as described once parked."""
+    proc = start_worker(where, 2, "chatty", DDP_LAUNCHER_PROGRESS=beats)
+    seen: list[stacks.Worker] = []
+
+    def parked() -> None:
+        assert stacks.park_samplers([proc.pid], BOUND) == []
+        seen.append(stacks.describe(proc.pid))
+
+    return freeze_and_take(proc, parked), seen[0], proc
+
+
+def test_a_parked_worker_dumps_into_its_own_file_whole_though_a_thread_writes_to_stderr_meanwhile(
+        tmp_path: Any) -> None:
+    # In stderr a logger's line joined a frame's line of the dump ("in all_reduceINFO:chatty:chat 122") and the
+    # rank's collective was misread. With its sampler parked, the worker dumps into <pid>.stacks, which no thread
+    # of the script writes: every round reads the main thread whole, at the script's line, and the dump is then
+    # appended to the worker's log (the host's log has it in full), while the bar's text stays in stderr only.
+    beats = str(tmp_path / "beats.sock")
+    for round_ in range(3):
+        where = tmp_path / str(round_)
+        taken, worker, proc = take_parked(where, beats)
+        own = where / "exits" / f"{proc.pid}.stacks"
+        assert worker.own == str(own) and worker.dump_file() == (str(own), 0), worker
+        assert proc.returncode == -signal.SIGABRT and taken.why == {}, taken
+        dump = own.read_text()
+        # six threads: the main one, the fake main, two helpers, the bar and the sampler
+        assert "38%" not in dump and dump.count("(most recent call first)") == 6, dump
+        pos = hang.position(taken.dumps[3], (), taken.mains[3])
+        assert pos is not None and (pos.func, pos.line) == ("blocked", LINE), dump
+        log = (where / "stderr.log").read_text()
+        assert "38%" in log and log.endswith(dump) and "most recent call first" not in log[:worker.offset]
+    # a worker whose user turned faulthandler off gives no own file: nothing would be written to it
+    proc = start_worker(tmp_path / "off", 0, DDP_LAUNCHER_PROGRESS=beats, PYTHONFAULTHANDLER="")
+    try:
+        assert stacks.park_samplers([proc.pid], BOUND) == []
+        assert stacks.describe(proc.pid).own is None
+        assert not (tmp_path / "off" / "exits" / f"{proc.pid}.stacks").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+        assert_gone([proc.pid])
 
 
 @given(st.binary(max_size=80))
