@@ -13,6 +13,8 @@ later one; every rank resumes from rank 0's checkpoint (written after every step
 Contenders:
 
 - ``launcher``: ``simulate --hosts N --nproc-per-node 1 --platform-stop off`` with ``LAUNCHER_MAX_RESTARTS=1``;
+- ``launcher-not-ahead``: the same with ``DDP_LAUNCHER_AHEAD=0``: the next generation's torchrun started after node
+  0's decision, not ahead of it while the hosts stop and meet (launcher/ahead.py);
 - ``torchrun``: plain ``python -m torch.distributed.run`` static rendezvous (``--node-rank``, rank 0 on
   algo-1) with ``--max-restarts 3`` on every host, in the same kind of lab. Its count is per host and only
   the failed host restarts first (pytorch#146371): ``never`` when no generation after the fault had every
@@ -26,7 +28,8 @@ Contenders:
   pynvml would make print a warning), or left out when it is not there.
 
 For the launcher, each restart's phases on every host (the outcome file's ``restarts[].phases``: detection, stop,
-barrier, new torchrun, first step) are printed too: per phase, the median over the rounds of the slowest host.
+barrier, new torchrun, first step) are printed too: per phase, the median over the rounds of the slowest host; and
+``beyond``: per round, the restart less the script's own start, the launcher's part (the goal: at most 2 s).
 
 Usage: ``.venv/bin/python bench/bench_restart.py [--rounds 2] [--hosts 2,4] [--cap 120] [--only launcher,...]``
 (``--hosts 2,4,8,16`` for the phases at every size).
@@ -61,7 +64,7 @@ SCRIPT = os.path.join(REPO, "tests", "scripts", "restart_worker.py")
 PORT = 29500  # inside the lab's private namespaces: no clash with anything on the machine
 STEPS = 8
 FAULT = ["--fail", "exit", "--fail-rank", "1", "--fail-step", "3", "--fail-in", "0"]
-CONTENDERS = ("launcher", "torchrun", "relaunch", "ft_launcher")
+CONTENDERS = ("launcher", "launcher-not-ahead", "torchrun", "relaunch", "ft_launcher")
 PHASES = ("detection", "stop", "barrier", "new_torchrun", "first_step")
 FT_LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
 NVRX = os.path.join(REPO, ".nvrx")  # where make puts it (see the Makefile)
@@ -102,8 +105,8 @@ def measure(outs: Sequence[str], world: int) -> tuple[Optional[float], Optional[
 
 
 def simulate(tmp: str, name: str, hosts: int, out: str, cap: float, script_args: Sequence[str],
-             **options: str) -> int:
-    env = clean_env(**{f"LAUNCHER_{k.upper()}": v for k, v in options.items()})
+             environ: Optional[dict[str, str]] = None, **options: str) -> int:
+    env = clean_env(**{f"LAUNCHER_{k.upper()}": v for k, v in options.items()}, **(environ or {}))
     argv = [PYTHON, "-m", "launcher", "simulate", "--hosts", str(hosts), "--nproc-per-node", "1", "--network",
             "netns", "--platform-stop", "off", "--workdir", os.path.join(tmp, name), "--job-name", name,
             "--deadline", str(cap), "--", SCRIPT, "--out", out, "--steps", str(STEPS), *script_args]
@@ -124,15 +127,24 @@ def phases(workdir: str, hosts: int) -> dict[str, Optional[float]]:
     return {name: max(values) if len(values) == hosts else None for name, values in found.items()}
 
 
-PHASES_SEEN: dict[int, list[dict[str, Optional[float]]]] = {}  # hosts -> each round's phases (launcher)
+# (hosts, contender) -> each round's phases, and the restart less the own start ("beyond")
+PHASES_SEEN: dict[tuple[int, str], list[dict[str, Optional[float]]]] = {}
 
 
-def launcher(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
+def launcher(tmp: str, hosts: int, cap: float, name: str = "launcher",
+             environ: Optional[dict[str, str]] = None) -> tuple[Optional[float], Optional[float]]:
     out = os.path.join(tmp, "out")
     os.mkdir(out)
-    simulate(tmp, "restart", hosts, out, cap, FAULT, max_restarts="1")
-    PHASES_SEEN.setdefault(hosts, []).append(phases(os.path.join(tmp, "restart"), hosts))
-    return measure([out], hosts)
+    simulate(tmp, "restart", hosts, out, cap, FAULT, environ, max_restarts="1")
+    restart, own = measure([out], hosts)
+    seen = phases(os.path.join(tmp, "restart"), hosts)
+    seen["beyond"] = None if restart is None or own is None else round(restart - own, 3)
+    PHASES_SEEN.setdefault((hosts, name), []).append(seen)
+    return restart, own
+
+
+def launcher_not_ahead(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
+    return launcher(tmp, hosts, cap, "launcher-not-ahead", {"DDP_LAUNCHER_AHEAD": "0"})
 
 
 def relaunch(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
@@ -203,7 +215,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if why:
         print(f"network namespaces unavailable: {why}", file=sys.stderr)
         return 2
-    runners = {"launcher": launcher, "torchrun": torchrun, "relaunch": relaunch, "ft_launcher": ft_launcher}
+    runners = {"launcher": launcher, "launcher-not-ahead": launcher_not_ahead, "torchrun": torchrun,
+               "relaunch": relaunch, "ft_launcher": ft_launcher}
     chosen = [c for c in args.only.split(",") if c]
     if "ft_launcher" in chosen and not os.path.isdir(os.path.join(NVRX, "nvidia_resiliency_ext")):
         print(f"ft_launcher left out: nvidia-resiliency-ext is not in {NVRX} (make .nvrx/.installed)", file=sys.stderr)
@@ -223,11 +236,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("|---|---|---|---|")
     print("\n".join(rows))
     if PHASES_SEEN:
-        print("\n| hosts | " + " | ".join(name.replace("_", " ") for name in PHASES) + " | (launcher, slowest host) |")
-        print("|---|" + "---|" * (len(PHASES) + 1))
-        for hosts, seen in sorted(PHASES_SEEN.items()):
-            cells = [cell([round_[name] for round_ in seen]) for name in PHASES]
-            print(f"| {hosts} | " + " | ".join(cells) + " | |")
+        columns = (*PHASES, "beyond")
+        print("\n| hosts | contender | " + " | ".join(name.replace("_", " ") for name in columns) + " |")
+        print("|---|---|" + "---|" * len(columns))
+        for (hosts, name), seen in sorted(PHASES_SEEN.items()):
+            cells = [cell([round_[column] for round_ in seen]) for column in columns]
+            print(f"| {hosts} | {name} | " + " | ".join(cells) + " |")
     return 0
 
 

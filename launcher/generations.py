@@ -1,6 +1,7 @@
 """The generations of a restarted job on this host: supervise, tell node 0, start the next one.
 
-Each generation is one :func:`launcher.supervise.supervise` of a fresh torchrun (``--max-restarts 0``)
+Each generation is one :func:`launcher.supervise.supervise` of a fresh torchrun (``--max-restarts 0``; after the
+first, its interpreter started ahead, as soon as this host's generation before ended: :mod:`launcher.ahead`)
 with the generation in the workers' environment (``TORCHELASTIC_RESTART_COUNT``, set by
 :mod:`launcher.bootstrap`) and its rendezvous port (:func:`launcher.command.generation_port`). When it
 ends, every worker of it is gone (supervise kills what is left), and only then this host tells node 0
@@ -20,7 +21,7 @@ import signal
 import time
 from typing import Any, Callable, Optional
 
-from launcher import codes, failure, oom, report, restart
+from launcher import ahead, codes, failure, oom, report, restart
 from launcher.command import Launch, for_generation, generation_port
 from launcher.jobwatch import report_head
 from launcher.outcome import Outcome
@@ -136,6 +137,7 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
     generation, pending, failed_at = 0, "", None
     spans: Optional[dict[str, Optional[float]]] = None  # the phases of the restart into this generation
     decided_at: Optional[float] = None  # when node 0's decision came (monotonic)
+    ready: Optional[ahead.Ahead] = None  # the next generation's torchrun, importing torch meanwhile
     try:
         while True:
             launch = for_generation(p.launch, generation_port(c, options, p.choice.platform.fixed_port, generation),
@@ -150,8 +152,15 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
                 spans["new_torchrun"] = round(max(0.0, time.monotonic() - decided_at), 3)
             steps = _steps(launch.run_dir, run.hangs, log, pending, failed_at, spans)
             history.memory = oom.snapshot()  # a SIGKILL of this generation is told apart by its own count
+            started = None
+            if ready is not None:
+                if ready.launch == launch:
+                    started = ready.go()
+                else:
+                    ready.cancel()
+                ready = None
             try:
-                outcome = supervise(run, launch, quick_end=True)
+                outcome = supervise(run, launch, quick_end=True, started=started)
             finally:
                 failed_at = time.monotonic()
                 steps.close()
@@ -163,6 +172,11 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
             end = _own_end(run, launch, outcome, steps, history.memory, failed)
             if signals and outcome.stop_signal is None:
                 return outcome._replace(stop_signal=signals[0]), run, history
+            if end.code != 0 and outcome.stop_signal is None and len(history.records) < options.max_restarts:
+                # another generation may come: its torchrun ahead
+                following = generation + 1
+                ready = ahead.start(for_generation(p.launch, generation_port(c, options, p.choice.platform.fixed_port,
+                                                                             following), following), environ)
             root: Optional[float] = failed
             if watch is None:
                 decision: Optional[restart.Decision] = policy.decide(generation, [end])
@@ -187,6 +201,8 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
             _fresh(launch)
             generation += 1
     finally:
+        if ready is not None:
+            ready.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

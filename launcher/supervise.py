@@ -269,7 +269,8 @@ class _StopSignals:
                 os.kill(pid, signum)
 
 
-def supervise(run: Context, launch: Launch, quick_end: bool = False) -> Outcome:
+def supervise(run: Context, launch: Launch, quick_end: bool = False,
+              started: Optional[subprocess.Popen] = None) -> Outcome:
     """Run the launch (the plan's, or a generation's) to its end and return how it ended. Blocks; installs
     signal handlers.
 
@@ -279,7 +280,8 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False) -> Outcome:
     torchrun is killed and the outcome says so. Its hang detection sees every output chunk and gets the stop
     hook and torchrun's pid. ``quick_end`` (restarts: every second counts): once torchrun has printed its
     failure table and has no worker left, it is killed instead of waited for through its interpreter's
-    teardown (seconds on a loaded host).
+    teardown (seconds on a loaded host). ``started``: torchrun already started for this launch, as this
+    function starts it (:mod:`launcher.ahead`: its interpreter imported torch while the hosts met).
     """
     environ, log, watchdog, watch, hangs = run.environ, run.log, run.watchdog, run.watch, run.hangs
     direct, rendezvous_timeout = run.direct, run.rendezvous_bound
@@ -298,14 +300,15 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False) -> Outcome:
         # then get SIGTERM, their own parent-death signal (launcher/bootstrap.py). Not SIGTERM to torchrun:
         # the kernel sends it once per launcher thread that torchrun is handed to as the threads die, and a
         # second one inside torch's shutdown left torchrun (with --tee) waiting for ever on its log tailers.
-        proc = subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                preexec_fn=proctree.parent_death_signal(signal.SIGKILL))
+        proc = started or subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                           preexec_fn=proctree.parent_death_signal(signal.SIGKILL))
         stop.proc = proc
         for sig in FORWARD_ONLY:
             signal.signal(sig, stop.relay)
         watchdog.guard(proc.pid)
-        log(f"{'the script' if direct else 'torchrun'} started as pid {proc.pid}")
+        ahead = " (started ahead, while the hosts met: it had imported torch)" if started is not None else ""
+        log(f"{'the script' if direct else 'torchrun'} started as pid {proc.pid}{ahead}")
         if stop.signal is not None:  # arrived while starting
             stop(stop.signal)
         feeds = (None, None) if hangs is None else (hangs.feed, functools.partial(hangs.feed, stderr=True))

@@ -13,14 +13,14 @@ import glob
 import os
 import re
 import subprocess
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import pytest
 from conftest import REPO, assert_gone, launcher_env
 from test_simulate import Simulate, processes_inside, read_json
 from test_simulate_netns import machine, machine_state  # noqa: F401  (machine: a fixture used below)
 
-from launcher import codes
+from launcher import ahead, codes
 from launcher.simulate import netns
 
 WHY_NOT = netns.unavailable()
@@ -53,11 +53,12 @@ class Result(NamedTuple):
 
 
 def launch(tmp_path: Any, name: str, hosts: int, *script_args: str, sim_args: tuple[str, ...] = (),
-           platform: str = "sagemaker", **options: str) -> Job:
-    """Start a job; ``options`` are the launcher's (LAUNCHER_<NAME> in every host's environment)."""
+           platform: str = "sagemaker", environ: Optional[dict[str, str]] = None, **options: str) -> Job:
+    """Start a job; ``options`` are the launcher's (LAUNCHER_<NAME> in every host's environment), ``environ`` more
+    of that environment."""
     workdir, out = str(tmp_path / name), str(tmp_path / f"{name}-out")
     os.mkdir(out)
-    env = launcher_env(**{f"LAUNCHER_{k.upper()}": v for k, v in options.items()})
+    env = launcher_env(**{f"LAUNCHER_{k.upper()}": v for k, v in options.items()}, **(environ or {}))
     sim = Simulate(["--hosts", str(hosts), "--workdir", workdir, "--job-name", name, "--platform", platform,
                     "--platform-stop", "off", "--deadline", "240", "--nproc-per-node", "1", *sim_args, "--", SCRIPT,
                     "--out", out, "--steps", str(STEPS), *script_args], str(tmp_path), env)
@@ -109,7 +110,10 @@ def test_one_failure_restarts_every_host_once_and_the_job_finishes(tmp_path: Any
     # Side by side: a worker exits 3 once (SageMaker, budget 1: one failure costs exactly one restart) and a
     # worker is SIGKILLed once (Kubeflow, whose MASTER_PORT is fixed: the new rendezvous reuses it); and on every
     # other platform, a worker exits 3 once (budget 1).
+    # And the first job again with the next generation's torchrun started after the decision, not ahead of it.
     jobs = {"exits": launch(tmp_path, "exits", 2, "--fail", "exit", max_restarts="1"),
+            "ahead-off": launch(tmp_path, "ahead-off", 2, "--fail", "exit", max_restarts="1",
+                                environ={ahead.VARIABLE: "0"}),
             "killed": launch(tmp_path, "killed", 2, "--fail", "kill", platform="kubeflow", max_restarts="2")}
     for platform in PLATFORMS:
         jobs[platform] = launch(tmp_path, platform, 2, "--fail", "exit", platform=platform, max_restarts="1")
@@ -133,6 +137,12 @@ def test_one_failure_restarts_every_host_once_and_the_job_finishes(tmp_path: Any
         assert all(r["old_alive"] == [] for r in result.records.values()), name
         assert result.records["g1.r0"]["steps"] == STEPS - 2, name  # resumed after the 2 complete steps
         assert result.checkpoint == {"step": STEPS, "sum": uninterrupted_sum(2)}, name
+    for name, result in results.items():  # generation 1's torchrun was started ahead on every host, unless off
+        for lines in result.logs.values():
+            started = [line for line in lines if "torchrun started as pid" in line]
+            assert len(started) == 2 and ["(started ahead" in line for line in started] == [
+                False, name != "ahead-off"], (name, lines)
+    assert_started_alike(results["exits"].records, results["ahead-off"].records)
     if "sdk-v3" in jobs:  # the SDK's own driver started each host's launcher
         assert "Running Basic Script driver" in jobs["sdk-v3"].sim.stderr + jobs["sdk-v3"].sim.stdout
     ports = {k: r["master_port"] for k, r in results["killed"].records.items()}
@@ -148,6 +158,25 @@ def test_one_failure_restarts_every_host_once_and_the_job_finishes(tmp_path: Any
         assert "Gloo" not in restart["root_cause"]  # the worker's own exit, not a restart race
         assert restart["seconds_to_first_step"] is not None
     assert len(results["exits"].outcomes) == 2
+
+
+def assert_started_alike(ahead_on: dict[str, Any], ahead_off: dict[str, Any]) -> None:
+    """A rank of generation 1 whose torchrun was started ahead (``ahead_on``'s records) is started as one whose
+    torchrun was started after the decision (``ahead_off``'s, the same job otherwise): each differs from its own
+    generation 0 in the same environment variables (the generation, its port), and in nothing else it was started
+    with: ``sys.argv``, ``__main__``, the signals it blocks, ignores and catches, its parent-death signal."""
+    for rank in (0, 1):
+        changed = []
+        for records in (ahead_on, ahead_off):
+            first, second = records[f"g0.r{rank}"], records[f"g1.r{rank}"]
+            assert set(first["env"]) == set(second["env"]), set(first["env"]) ^ set(second["env"])
+            changed.append(sorted(k for k in first["env"] if first["env"][k] != second["env"][k]))
+            for fact in ("argv", "main", "signals", "pdeathsig"):
+                assert first[fact] == second[fact], (rank, fact, first[fact], second[fact])
+        assert changed[0] == changed[1] and "TORCHELASTIC_RESTART_COUNT" in changed[0], changed
+        on, off = ahead_on[f"g1.r{rank}"], ahead_off[f"g1.r{rank}"]
+        assert set(on["env"]) == set(off["env"]) and (on["signals"], on["pdeathsig"]) == (
+            off["signals"], off["pdeathsig"]), (on, off)
 
 
 @pytest.fixture(scope="module")

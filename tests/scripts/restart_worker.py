@@ -20,7 +20,8 @@ collective). The failing rank first writes ``DIR/fault.json``
 ``--window-in GENS``: in those generations every rank prints ``restart window step=99`` before its process
 group forms and sleeps ``--window-sleep`` s (a ``simulate --fault HOST:SIGTERM:step=99`` lands inside a
 restart, before the new generation's first step). Each rank records ``old_alive``: the pids of the
-generation before (their records) that still exist when its own process group is up.
+generation before (their records) that still exist when its own process group is up, and what it was started
+with: its environment, ``sys.argv``, ``__main__``'s file, its signal masks and its parent-death signal.
 """
 
 import time
@@ -75,6 +76,21 @@ def old_alive(out, gen):
     return alive
 
 
+def signal_masks():
+    """The signals this process blocks, ignores and catches (``/proc/self/status``): what it inherited."""
+    with open("/proc/self/status") as fh:
+        return {k: v.strip() for k, _, v in (line.partition(":") for line in fh) if k in ("SigBlk", "SigIgn", "SigCgt")}
+
+
+def parent_death_signal():
+    """The signal this process gets when its parent dies (``prctl(PR_GET_PDEATHSIG)``)."""
+    import ctypes
+
+    value = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(value), 0, 0, 0)  # 2: PR_GET_PDEATHSIG
+    return value.value
+
+
 def fail(mode, out, message="the same bug every time"):
     save(os.path.join(out, "fault.json"), {"at": time.time(), "mode": mode})
     if mode == "exit":
@@ -116,7 +132,9 @@ def main():
     dist.barrier()
     mine = os.path.join(args.out, f"g{gen}.r{rank}.json")
     facts = {"rank": rank, "generation": gen, "pid": os.getpid(), "started": STARTED, "met_at": time.time(), "steps": 0,
-             "master_port": os.environ.get("MASTER_PORT"), "old_alive": old_alive(args.out, gen)}
+             "master_port": os.environ.get("MASTER_PORT"), "old_alive": old_alive(args.out, gen),
+             "env": dict(os.environ), "argv": sys.argv, "main": sys.modules["__main__"].__file__,
+             "signals": signal_masks(), "pdeathsig": parent_death_signal()}
     save(mine, facts)
     ckpt = os.path.join(args.out, "ckpt.json")
     state = {"step": 0, "sum": 0.0}

@@ -1,0 +1,120 @@
+"""The next generation's torchrun started ahead (launcher/ahead.py): real torchrun processes, one host.
+
+- told to go, it is torchrun as ``python -m torch.distributed.run`` is: the same worker started with the same
+  arguments, environment (but what torchrun makes anew each time: its run id, its port), signal masks and exit
+  code, and torchrun's own ``__main__`` is the module's file;
+- cancelled (no restart after all), it is gone, whether it was still importing torch or waiting;
+- it is never started when turned off (``DDP_LAUNCHER_AHEAD=0``) or when the launch starts the script directly.
+
+Every process started here is ended by PID and proved gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+from conftest import PYTHON, assert_gone, launcher_env
+
+from launcher import ahead
+from launcher.command import Launch
+from launcher.supervise import FORWARD_ONLY
+
+WORKER = textwrap.dedent("""
+    import json, os, sys
+    with open("/proc/self/status") as fh:
+        masks = {k: v.strip() for k, _, v in (l.partition(":") for l in fh) if k in ("SigBlk", "SigIgn", "SigCgt")}
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
+        parent = fh.read().split(b"\\0")
+    facts = {"argv": sys.argv, "env": dict(os.environ), "masks": masks, "main": sys.modules["__main__"].__file__,
+             "parent_main": parent[1:3] == [b"-m", b"torch.distributed.run"] or parent[1] == b"-c"}
+    with open(os.path.join(sys.argv[1], f"{os.environ['DDP_TEST_HOW']}.json"), "w") as fh:
+        json.dump(facts, fh)
+    sys.exit(int(sys.argv[2]))
+""")
+ONCE_PER_RUN = ("TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "DDP_TEST_HOW")
+
+
+def make_launch(tmp_path: Any, code: int) -> Launch:
+    """A one-worker torchrun launch (``--standalone``) of the worker above, which exits ``code``."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    argv = (PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "--max-restarts", "0",
+            "--monitor-interval", "0.1", str(script), str(tmp_path), str(code))
+    return Launch(argv, {"PYTHONUNBUFFERED": "1"}, ("DDP_TEST_GONE",), str(run_dir), str(run_dir / "error.json"),
+                  str(run_dir / "logs"))
+
+
+def run_fresh(launch: Launch, environ: dict[str, str]) -> int:
+    """torchrun for ``launch`` as :func:`launcher.supervise.supervise` starts it (the signals it only forwards
+    ignored); its exit code."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in FORWARD_ONLY}
+    try:
+        proc = subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    try:
+        return proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert_gone([proc.pid])
+
+
+@pytest.mark.job
+def test_told_to_go_it_is_torchrun_as_python_dash_m_starts_it(tmp_path: Any) -> None:
+    environ = {**launcher_env(), "DDP_TEST_GONE": "1"}
+    launch = make_launch(tmp_path, 7)
+    assert run_fresh(launch, {**environ, "DDP_TEST_HOW": "fresh"}) == 1  # torchrun: a worker failed
+    ready = ahead.start(launch, {**environ, "DDP_TEST_HOW": "ahead"})
+    assert ready is not None and ready.launch == launch
+    try:
+        proc = ready.go()
+        proc.communicate(timeout=300)
+        assert proc.returncode == 1
+    finally:
+        ready.cancel()
+        assert_gone([ready.proc.pid])
+    fresh, started = (json.loads((tmp_path / f"{how}.json").read_text()) for how in ("fresh", "ahead"))
+    assert started["argv"] == fresh["argv"] and started["main"] == fresh["main"] == str(tmp_path / "worker.py")
+    assert started["masks"] == fresh["masks"] and started["parent_main"] and fresh["parent_main"]
+    assert set(started["env"]) == set(fresh["env"]) and "DDP_TEST_GONE" not in started["env"]
+    differ = {k for k in fresh["env"] if fresh["env"][k] != started["env"][k]}
+    assert differ <= set(ONCE_PER_RUN), differ
+    assert started["env"]["PYTHONUNBUFFERED"] == "1" and started["env"]["LOCAL_RANK"] == "0"
+
+
+@pytest.mark.parametrize("wait", [0.0, 30.0])
+def test_cancelled_it_is_gone_while_importing_or_waiting(tmp_path: Any, wait: float) -> None:
+    ready = ahead.start(make_launch(tmp_path, 0), launcher_env())
+    assert ready is not None
+    pid = ready.proc.pid
+    try:
+        deadline = time.monotonic() + wait  # with a wait: until it has imported torch (its threads) or 30 s
+        while time.monotonic() < deadline and len(os.listdir(f"/proc/{pid}/task")) < 2:
+            time.sleep(0.1)
+        assert ready.proc.poll() is None
+    finally:
+        ready.cancel()
+    assert ready.proc.returncode is not None and ready.proc.stdout is not None and ready.proc.stdout.closed
+    assert_gone([pid])
+    assert not (tmp_path / "fresh.json").exists() and not (tmp_path / "ahead.json").exists()
+
+
+def test_never_started_when_turned_off_or_without_torchrun(tmp_path: Any) -> None:
+    launch = make_launch(tmp_path, 0)
+    assert ahead.start(launch, {**launcher_env(), ahead.VARIABLE: "0"}) is None
+    direct = launch._replace(argv=(sys.executable, str(tmp_path / "worker.py")))
+    assert ahead.start(direct, launcher_env()) is None
