@@ -172,7 +172,8 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
             end = _own_end(run, launch, outcome, steps, history.memory, failed)
             if signals and outcome.stop_signal is None:
                 return outcome._replace(stop_signal=signals[0]), run, history
-            if end.code != 0 and outcome.stop_signal is None and len(history.records) < options.max_restarts:
+            platform_stop = outcome.stop_signal is not None and not (watch is not None and watch.stopped_job)
+            if end.code != 0 and not platform_stop and len(history.records) < options.max_restarts:
                 # another generation may come: its torchrun ahead
                 following = generation + 1
                 ready = ahead.start(for_generation(p.launch, generation_port(c, options, p.choice.platform.fixed_port,
