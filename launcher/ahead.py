@@ -8,8 +8,9 @@ imports ``torch.distributed.run`` and waits for one byte on its stdin. :meth:`Ah
 process runs the module as ``python -m torch.distributed.run`` does (``runpy`` as ``__main__``, ``sys.argv``
 the module's file and torchrun's arguments, ``sys.path[0]`` the working directory), its stdin then
 ``/dev/null`` as the launcher gives torchrun. Node 0 decides no restart, or a stop signal comes: :meth:`Ahead.cancel`
-ends it by PID (SIGKILL: it has started nothing). It is started as :func:`launcher.supervise.supervise` starts
-torchrun (its own session, SIGKILL when the launcher dies, the forward-only signals ignored), and
+ends it by PID (SIGKILL: it has started nothing). It is started as torchrun is
+(:func:`launcher.supervise.start_torchrun`: its own session, SIGKILL when the launcher dies, the forward-only
+signals ignored), and
 :func:`launcher.generations.run_generations` hands it to ``supervise`` as torchrun when its launch is the
 generation's.
 
@@ -21,14 +22,12 @@ decision, as before).
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 from collections.abc import Mapping
 from typing import Optional
 
-from launcher import proctree
 from launcher.command import Launch
-from launcher.supervise import FORWARD_ONLY
+from launcher.supervise import start_torchrun
 
 VARIABLE = "DDP_LAUNCHER_AHEAD"
 MODULE = "torch.distributed.run"
@@ -82,14 +81,8 @@ def start(launch: Launch, environ: Mapping[str, str]) -> Optional[Ahead]:
     argv = list(launch.argv)
     if environ.get(VARIABLE) == "0" or argv[1:3] != ["-m", MODULE]:
         return None
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in FORWARD_ONLY}  # inherited, as by torchrun
     try:
-        proc = subprocess.Popen([argv[0], "-c", STUB, *argv[3:]], env=launch.environment(environ),
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, preexec_fn=proctree.parent_death_signal(signal.SIGKILL))
+        return Ahead(start_torchrun([argv[0], "-c", STUB, *argv[3:]], launch.environment(environ), subprocess.PIPE),
+                     launch)
     except OSError:
         return None
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return Ahead(proc, launch)

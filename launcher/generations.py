@@ -138,10 +138,13 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
     spans: Optional[dict[str, Optional[float]]] = None  # the phases of the restart into this generation
     decided_at: Optional[float] = None  # when node 0's decision came (monotonic)
     ready: Optional[ahead.Ahead] = None  # the next generation's torchrun, importing torch meanwhile
+
+    def launch_of(gen: int) -> Launch:
+        return for_generation(p.launch, generation_port(c, options, p.choice.platform.fixed_port, gen), gen)
+
     try:
         while True:
-            launch = for_generation(p.launch, generation_port(c, options, p.choice.platform.fixed_port, generation),
-                                    generation)
+            launch = launch_of(generation)
             if run.hangs is not None and p.hang is not None and generation > 0:
                 from launcher import hangwatch
 
@@ -174,10 +177,7 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
                 return outcome._replace(stop_signal=signals[0]), run, history
             platform_stop = outcome.stop_signal is not None and not (watch is not None and watch.stopped_job)
             if end.code != 0 and not platform_stop and len(history.records) < options.max_restarts:
-                # another generation may come: its torchrun ahead
-                following = generation + 1
-                ready = ahead.start(for_generation(p.launch, generation_port(c, options, p.choice.platform.fixed_port,
-                                                                             following), following), environ)
+                ready = ahead.start(launch_of(generation + 1), environ)  # another may come: its torchrun ahead
             root: Optional[float] = failed
             if watch is None:
                 decision: Optional[restart.Decision] = policy.decide(generation, [end])

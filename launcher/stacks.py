@@ -204,8 +204,11 @@ def _size(path: Optional[str]) -> int:
 
 def read_dump(worker: Worker) -> list[hang.Thread]:
     """The worker's last dump in its file after its offset (at most :data:`MAX_DUMP_BYTES`); [] if none."""
-    return hang.parse_dumps(_dump_text(worker).decode("utf-8", "replace").splitlines(),
-                            worker.rank).get(worker.rank, [])
+    return _parse(worker, _dump_text(worker))
+
+
+def _parse(worker: Worker, data: bytes) -> list[hang.Thread]:
+    return hang.parse_dumps(data.decode("utf-8", "replace").splitlines(), worker.rank).get(worker.rank, [])
 
 
 def _dump_text(worker: Worker) -> bytes:
@@ -220,13 +223,12 @@ def _dump_text(worker: Worker) -> bytes:
         return b""
 
 
-def copy_to_log(worker: Worker) -> None:
-    """Append the dump written to the worker's own file to its stderr file (torchrun's log of it, which the
-    launcher copies to its output with the rank's prefix): the host's log has every thread's stack in full,
+def copy_to_log(worker: Worker, data: bytes) -> None:
+    """Append ``data``, the dump written to the worker's own file, to its stderr file (torchrun's log of it, which
+    the launcher copies to its output with the rank's prefix): the host's log has every thread's stack in full,
     as when faulthandler wrote it there. Nothing when it has no own file, or no stderr file."""
     if worker.own is None or worker.path is None:
         return
-    data = _dump_text(worker)
     with contextlib.suppress(OSError):
         fd = os.open(worker.path, os.O_WRONLY | os.O_APPEND)
         try:
@@ -355,8 +357,9 @@ def take(pids: Sequence[int], parent: Optional[int], bound: float) -> Taken:
         signal_workers(pids, STACK_SIGNAL)
         signal_workers(pids, signal.SIGCONT)
         why_pid = wait_done(readable, bound)
+        texts = {w.pid: _dump_text(w) for w in readable}
         for worker in readable:  # before torchrun goes on, ends, and the copy of its logs with it
-            copy_to_log(worker)
+            copy_to_log(worker, texts[worker.pid])
     finally:
         if hold and parent is not None:
             signal_workers([parent], signal.SIGCONT)
@@ -364,7 +367,7 @@ def take(pids: Sequence[int], parent: Optional[int], bound: float) -> Taken:
     why: dict[int, str] = {}
     mains = {w.rank: w.main for w in workers if w.rank is not None and w.main is not None}
     for worker, rank in ((w, w.rank) for w in readable if w.rank is not None):
-        threads = read_dump(worker)
+        threads = _parse(worker, texts[worker.pid])
         if threads:
             dumps[rank] = threads
             if worker.main is not None and hang.main_thread(threads, worker.main) is None:

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO, Callable, Optional, Protocol
 
 from launcher import proctree
@@ -269,6 +269,23 @@ class _StopSignals:
                 os.kill(pid, signum)
 
 
+def start_torchrun(argv: Sequence[str], env: Mapping[str, str], stdin: int = subprocess.DEVNULL) -> subprocess.Popen:
+    """Start torchrun (or what stands for it: :mod:`launcher.ahead`) as the launcher starts it: its output on
+    pipes, its own session, the signals the launcher only forwards (:data:`FORWARD_ONLY`) ignored, and SIGKILL
+    to it if the launcher dies (even by SIGKILL), set in the child before exec; its workers then get SIGTERM,
+    their own parent-death signal (launcher/bootstrap.py). Not SIGTERM to torchrun: the kernel sends it once per
+    launcher thread that torchrun is handed to as the threads die, and a second one inside torch's shutdown left
+    torchrun (with --tee) waiting for ever on its log tailers."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in FORWARD_ONLY}  # inherited by torchrun
+    try:
+        return subprocess.Popen(list(argv), env=dict(env), stdin=stdin, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                preexec_fn=proctree.parent_death_signal(signal.SIGKILL))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def supervise(run: Context, launch: Launch, quick_end: bool = False,
               started: Optional[subprocess.Popen] = None) -> Outcome:
     """Run the launch (the plan's, or a generation's) to its end and return how it ended. Blocks; installs
@@ -296,13 +313,7 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
     worker_tail = StderrTail()  # the workers' stderr lines, as copied (they came before torchrun's table)
     sinks = (Sink(sys.stdout.buffer), Sink(sys.stderr.buffer))
     try:
-        # SIGKILL to torchrun if the launcher dies (even by SIGKILL), set in the child before exec; its workers
-        # then get SIGTERM, their own parent-death signal (launcher/bootstrap.py). Not SIGTERM to torchrun:
-        # the kernel sends it once per launcher thread that torchrun is handed to as the threads die, and a
-        # second one inside torch's shutdown left torchrun (with --tee) waiting for ever on its log tailers.
-        proc = started or subprocess.Popen(launch.argv, env=launch.environment(environ), stdin=subprocess.DEVNULL,
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                           preexec_fn=proctree.parent_death_signal(signal.SIGKILL))
+        proc = started or start_torchrun(launch.argv, launch.environment(environ))
         stop.proc = proc
         for sig in FORWARD_ONLY:
             signal.signal(sig, stop.relay)
