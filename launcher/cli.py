@@ -124,7 +124,7 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
         launch = build_launch(cluster, invocation.options, invocation.script, invocation.script_args,
                               environ, run_dir, choice.platform.fabric_env(cluster, host))
     launch = launch._replace(env_changes={**launch.env_changes, JOB_MARKER: token})
-    watch, hangs, restarts = decide(cluster, options)
+    watch, hangs, restarts, verdict = decide(cluster, options)
     if watch.on:  # the watch's settings, checked first
         watch_ports(cluster, options, "0")
         watch_secret(options, environ)
@@ -145,11 +145,12 @@ def plan(argv: Sequence[str], environ: Mapping[str, str], run_dir: Optional[str]
     # torchrun's store client can wait for ever on a port another program holds: a bound, with margin
     bound = options.rdzv_timeout + RENDEZVOUS_MARGIN if cluster.nnodes > 1 and not outside else None
     return Plan(invocation, choice, cluster, launch, grace, tuple(notes) + launch.notes, rule, watch, hangs, restarts,
-                outside, bound)
+                verdict, outside, bound)
 
 
-def decide(c: Cluster, options: Options) -> tuple[Switch, Switch, Switch]:
-    """The job watch, hang detection and job-wide restarts for this host, each on or off with its reason. Pure."""
+def decide(c: Cluster, options: Options) -> tuple[Switch, Switch, Switch, Switch]:
+    """The job watch, hang detection, job-wide restarts and who names the root cause, for this host, each on or
+    off with its reason. Pure."""
     several = groups.watch_place(c)[1] > 1
     if not several:
         watch = Switch(False, "one node: nothing to watch")
@@ -175,7 +176,14 @@ def decide(c: Cluster, options: Options) -> tuple[Switch, Switch, Switch]:
     else:
         restarts = Switch(True, f"up to {budget} job-wide restart(s) in place, after a failure of class "
                                 f"{', '.join(options.restart_on)}; the workers resume from their checkpoint")
-    return watch, hangs, restarts
+    if not watch.on:
+        verdict = Switch(False, "this host's own failure (no job watch)")
+    elif groups.outside(c) or groups.training_nodes(c) is not None:
+        verdict = Switch(False, "the first failure the job watch relays (only some hosts train)")
+    else:
+        verdict = Switch(True, "node 0 names the root cause for every host: the first failure in time that the "
+                               "job watch did not cause")
+    return watch, hangs, restarts, verdict
 
 
 def _block(label: str, items: Sequence[str]) -> list[str]:
@@ -205,7 +213,8 @@ def describe(p: Plan, as_json: bool) -> str:
                            "grace_period": p.grace_period, "notes": list(p.notes),
                            "hang_timeout": p.hang.describe() if p.hang else "off",
                            **{name: {"on": switch.on, "why": switch.why} for name, switch in
-                              (("job_watch", p.watch), ("hangs", p.hangs), ("restarts", p.restarts))}}, indent=2)
+                              (("job_watch", p.watch), ("hangs", p.hangs), ("restarts", p.restarts),
+                                                               ("root_cause", p.verdict))}}, indent=2)
     port = master_port(c, p.invocation.options)
     master = f"{c.master_addr}:{port}" if c.nnodes > 1 else "(standalone)"
     lines = [f"platform:  {c.platform}: {p.choice.why}",
@@ -222,6 +231,7 @@ def describe(p: Plan, as_json: bool) -> str:
              f"stop:      grace period {p.grace_period:g} s after SIGTERM/SIGINT/SIGHUP",
              f"hangs:     {p.hang.describe() if p.hang else p.hangs.why}",
              f"restarts:  {'on: ' if p.restarts.on else ''}{p.restarts.why}",
+             *(["cause:     " + p.verdict.why] if groups.watch_place(c)[1] > 1 else []),
              *_block("watch", [_watch_line(p)] if groups.watch_place(c)[1] > 1 else []),
              *[f"note:      {n}" for n in p.notes]]
     return "\n".join(printable(line) for line in lines)
@@ -309,7 +319,7 @@ def _run(p: Plan, environ: Mapping[str, str], clock: Clock) -> tuple[Verdict, Cl
         run = Run(p, environ, log, watchdog, watch, hangs)
         memory = oom.snapshot()  # the kernel's OOM-kill count before: a worker's SIGKILL is then told apart
         clock = clock._replace(torchrun=time.time())
-        if p.restarts.on:
+        if p.restarts.on or p.verdict.on:  # node 0 decides at the end of each generation (one, without restarts)
             from launcher.generations import run_generations
 
             outcome, run, last = run_generations(run)

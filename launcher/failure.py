@@ -28,8 +28,9 @@ import re
 import signal
 import stat
 import sys
+import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from launcher.cluster import Cluster
 from launcher.codes import RENDEZVOUS_CODE
@@ -53,12 +54,6 @@ _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|
 # any of them nested; then a C++ log template ("[W1125 03:04:05.123 pid file.cpp:12] ...") marks a log line.
 _LINE_PREFIX = re.compile(r"^\s*\[[A-Za-z_]*\d+\]:[ \t]?")
 _LOG_TEMPLATE = re.compile(r"^\s*\[[IWEF]\d{4} ")
-# A worker's failure that is the consequence of another's: its peer vanished from a collective (gloo,
-# NCCL), or the rendezvous store broke.
-_PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|DistNetworkError|DistStoreError|"
-                        r"DistBackendError|NCCL (error|communicator)|remote process exited|timed out|Timeout",
-                        re.IGNORECASE)
-MAX_ENTRIES_READ = 16  # failed workers of one host whose evidence is read to find the one that failed on its own
 _NOISE = re.compile(r"^\s*\[[IW]\d{4} ")  # C++ info and warning lines: never part of a report
 
 
@@ -126,15 +121,17 @@ def _exitcode(entry: dict[str, str]) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
-def pick_root_cause(entries: Sequence[dict[str, str]]) -> dict[str, str]:
-    """The table's root cause, unless that worker died of SIGTERM and another failed on its own.
+def pick_root_cause(entries: Sequence[dict[str, str]],
+                    when: Callable[[dict[str, str]], float] = lambda entry: 0.0) -> dict[str, str]:
+    """The first worker of the table to fail on its own: the earliest by ``when`` (ties: the table's order,
+    torchrun's "first observed failure" first) of those not killed by SIGTERM.
 
     When one worker fails, torchrun SIGTERMs the others; without error files its "first observed
     failure" can name one of those on a timestamp tie. A worker killed by SIGTERM is never the cause
     when another failed otherwise (an exit code, another signal).
     """
     own = [e for e in entries if _exitcode(e) != -signal.SIGTERM]
-    return own[0] if own else entries[0]
+    return min(own, key=when) if own else entries[0]
 
 
 def _read_bounded(path: str, limit: int) -> Optional[bytes]:
@@ -302,12 +299,37 @@ def find_root_cause(outcome: Outcome, launch: Launch) -> Optional[RootCause]:
             exception = f"torchrun was killed by {signal_name(-outcome.returncode)}"
         return RootCause(None, None, None, exception or "torchrun failed",
                          (own or {}).get("traceback") or stderr)
-    first = pick_root_cause(entries)
-    ordered = [first] + [e for e in entries if e is not first and _exitcode(e) != -signal.SIGTERM]
-    causes = [_cause_of(entry, entry is entries[0], launch) for entry in ordered[:MAX_ENTRIES_READ]]
-    # A worker that failed because its peer went away (another host, another local rank) is not the
-    # cause when one of this host's failed on its own.
-    return next((c for c in causes if not peer_lost(c.exception)), causes[0])
+    # The first to fail in time, by the exit records bootstrap writes as each script ends (what an exception says
+    # is no evidence); a worker without one (killed by a signal torchrun did not send) comes first.
+    first = pick_root_cause(entries, lambda entry: _failed_when(entry, launch))
+    return _cause_of(first, first is entries[0], launch)
+
+
+def _failed_when(entry: dict[str, str], launch: Launch) -> float:
+    """When the worker of a table entry ended with a non-zero code (its exit record's time); -inf without one."""
+    match = _EXITCODE.match(entry.get("exitcode", ""))
+    if match is None:
+        return float("-inf")
+    with contextlib.suppress(OSError):
+        if (read_exit_record(launch.exit_dir, int(match.group(2))) or {}).get("code"):
+            return os.stat(os.path.join(launch.exit_dir, f"{match.group(2)}.json")).st_mtime
+    return float("-inf")
+
+
+def first_failure(exit_dir: str, ended: float) -> float:
+    """When this host's first worker failed (monotonic): the earliest exit record with a non-zero code (written
+    as its script ended); ``ended`` (the generation's end) when none has one (a worker killed by a signal)."""
+    now_wall, now = time.time(), time.monotonic()
+    times = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(exit_dir):
+            if not (name.endswith(".json") and name[:-5].isdigit()):
+                continue
+            record = read_exit_record(exit_dir, int(name[:-5]))
+            if record is not None and record["code"] != 0:
+                with contextlib.suppress(OSError):
+                    times.append(now - (now_wall - os.stat(os.path.join(exit_dir, name)).st_mtime))
+    return min([ended, *times])
 
 
 def _cause_of(entry: dict[str, str], table_root: bool, launch: Launch) -> RootCause:
@@ -327,11 +349,6 @@ def _cause_of(entry: dict[str, str], table_root: bool, launch: Launch) -> RootCa
     if not exception and exitcode is not None and exitcode < 0 and asked is None:
         exception = f"killed by {signal_name(-exitcode)}"
     return RootCause(rank, local_rank, exitcode, exception, stderr, asked, teardown)
-
-
-def peer_lost(exception: str) -> bool:
-    """True when an exception is a collective's or the store's lost peer: a consequence of another's failure."""
-    return bool(_PEER_LOST.search(exception))
 
 
 def _asked_code(entry: dict[str, str], exitcode: Optional[int], launch: Launch,

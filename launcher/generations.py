@@ -95,22 +95,6 @@ def _own_end(run: Run, launch: Launch, outcome: Outcome, steps: restart.Steps, m
                        steps=count)
 
 
-def first_failure(exit_dir: str, ended: float) -> float:
-    """When this host's first worker failed (monotonic): the earliest exit record with a non-zero code (written
-    as its script ended); ``ended`` (the generation's end) when none has one (a worker killed by a signal)."""
-    now_wall, now = time.time(), time.monotonic()
-    times = []
-    with contextlib.suppress(OSError):
-        for name in os.listdir(exit_dir):
-            if not (name.endswith(".json") and name[:-5].isdigit()):
-                continue
-            record = failure.read_exit_record(exit_dir, int(name[:-5]))
-            if record is not None and record["code"] != 0:
-                with contextlib.suppress(OSError):
-                    times.append(now - (now_wall - os.stat(os.path.join(exit_dir, name)).st_mtime))
-    return min([ended, *times])
-
-
 def _fresh(launch: Launch) -> None:
     """Forget the last generation's evidence: its error file, worker exit records and logs."""
     with contextlib.suppress(OSError):
@@ -130,7 +114,8 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
     options, c = p.invocation.options, p.cluster
     policy = restart.Policy(options.max_restarts, options.restart_on)
     if watch is not None:
-        watch.set_policy(lambda gen, ends, lost: policy.decide(gen, [restart.end_of(e) for e in ends], lost).message())
+        watch.set_policy(lambda gen, ends, lost_at: policy.decide(gen, [restart.end_of(e) for e in ends],
+                                                                  lost_at is not None, lost_at).message())
     history = History(options.max_restarts)
     signals: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _frame: signals.append(signum)) for sig in STOP_SIGNALS}
@@ -171,7 +156,7 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
                 history.records[-1]["seconds_to_first_step"] = steps.to_first_step
             if run.hangs is not None:
                 run.hangs.close()
-            failed = first_failure(launch.exit_dir, failed_at)
+            failed = failure.first_failure(launch.exit_dir, failed_at)
             end = _own_end(run, launch, outcome, steps, history.memory, failed)
             if signals and outcome.stop_signal is None:
                 return outcome._replace(stop_signal=signals[0]), run, history
@@ -183,7 +168,10 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
                 decision: Optional[restart.Decision] = policy.decide(generation, [end])
                 decided_at = time.monotonic()
             else:
-                message = watch.end_generation(end.message(), options.loss_timeout + p.grace_period + DECISION_MARGIN)
+                # a success with no restart left: nothing node 0 decides can change this host's end; it goes
+                wait = 0.0 if end.code == 0 and len(history.records) >= options.max_restarts else (
+                    options.loss_timeout + p.grace_period + DECISION_MARGIN)
+                message = watch.end_generation(end.message(), wait)
                 decision = None if message is None else restart.decision_of(message)
                 decided_at = None if message is None else float(message.get("heard", time.monotonic()))
                 if message is not None and message.get("cause_age") is not None:

@@ -36,6 +36,7 @@ class Plan(NamedTuple):
     watch: Switch  # the job watch: the hosts watch each other (several nodes)
     hangs: Switch
     restarts: Switch  # job-wide restarts in place (--max-restarts)
+    verdict: Switch  # on: node 0 names the job's root cause for every host (the first failure in time)
     outside: bool  # a host outside the training world (launcher/groups.py): the script once, no torchrun
     # seconds after torchrun's start by which a worker must exist (several nodes; None: no bound): torchrun's
     # store client can wait for ever on a port another program holds

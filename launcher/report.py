@@ -222,20 +222,23 @@ def remote_verdict(own: Verdict, kind: str, host: str, code: int, head: str) -> 
                    head.split("\n")[1] if kind != "lost" and "\n" in head else "", host)
 
 
-def is_secondary(exception: str, rank: Optional[int]) -> bool:
-    """True when a failure looks caused by another host: torchrun itself failed (``rank`` None: its
-    rendezvous broke) or the exception is a collective's or the store's lost peer."""
-    return rank is None or failure.peer_lost(exception)
+def is_primary(watch: JobWatch, node: int, cause: Optional[failure.RootCause], failed: float) -> bool:
+    """Whether this host's failure (``cause``; ``failed``: when its first worker failed, monotonic) is the job's
+    root cause, by evidence alone, never by a message's words:
 
-
-def restart_cause(watch: Optional[JobWatch]) -> Optional[int]:
-    """With restarts, the node whose failure node 0's decision that ended the job named as the root cause (the
-    same on every host, by time and stops, never by a message's words); None without such a decision (the last
-    generation ended otherwise: a loss, no decision in time)."""
-    decisions = watch.decisions if watch is not None else {}
-    last = decisions[max(decisions)] if decisions else {}
-    cause = None if last.get("restart") else last.get("cause")
-    return int(cause["node"]) if isinstance(cause, dict) and "node" in cause else None
+    - node 0's decision that ended the job names one node (the first failure in time by node 0's clock, not
+      one the job watch stopped; none when a host was lost before any failure): that node's, the same on
+      every host;
+    - without a decision (node 0 lost, none in time, only some hosts train): a worker of this host failed (not
+      torchrun itself, whose rendezvous broke with a peer) and no host was lost before it failed.
+    """
+    decisions = watch.decisions
+    last = decisions[max(decisions)] if decisions else None
+    if last is not None and not last.get("restart"):
+        named = last.get("cause")
+        return isinstance(named, dict) and named.get("node") == node
+    return cause is not None and cause.rank is not None and not any(
+        e.kind == "lost" and e.at <= failed for e in list(watch.events))
 
 
 def job_result(cause: Optional[Event], code: int, text: str, primary: bool, off: str = "",
@@ -243,7 +246,7 @@ def job_result(cause: Optional[Event], code: int, text: str, primary: bool, off:
     """The job's exit code and this host's report, given the job watch's root cause (an
     :class:`launcher.jobwatch.Event`, or None): another host's cause first, then what happened here.
 
-    ``primary`` False when this host's failure looks caused by another; ``off`` why this host ran
+    ``primary`` False when this host's failure is not the root cause (:func:`is_primary`); ``off`` why this host ran
     without the watch. The report is cut once, at ``limit`` (the platform's).
     """
     if code == 0:
@@ -333,10 +336,8 @@ def judge(run: Run, outcome: Outcome, memory: Optional[oom.Counter] = None) -> t
                 f"{REMOTE_GRACE:g} s{killed})")
         primary = False
     else:
-        decided = restart_cause(watch)
-        primary = (decided == cluster.node_rank) if decided is not None else (
-            outside or outcome.stop_signal is not None or (
-                cause is not None and not is_secondary(cause.exception, cause.rank)))
+        primary = outside or outcome.stop_signal is not None or is_primary(
+            watch, cluster.node_rank, cause, failure.first_failure(launch.exit_dir, time.monotonic()))
     event = watch.finish(code, text, primary)
     job_code, text = job_result(event, code, text, primary, watch.off, limit)
     if code != 0 and event is not None and not (primary and not event.primary):

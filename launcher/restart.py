@@ -130,9 +130,12 @@ class Policy:
         self.used = 0
         self.previous: Optional[str] = None  # the root key of the generation before
 
-    def decide(self, generation: int, ends: Sequence[End], lost: bool = False) -> Decision:
-        """The decision at the end of ``generation``, from every host's end (see the module's rules)."""
-        cause = root_cause(ends)
+    def decide(self, generation: int, ends: Sequence[End], lost: bool = False,
+               lost_at: Optional[float] = None) -> Decision:
+        """The decision at the end of ``generation``, from every host's end (see the module's rules). With a
+        host lost (``lost``), a failure is the root cause only if it came before that host was last heard
+        (``lost_at``, on the clock of the ends' ``at``; None: unknown, every failure counts)."""
+        cause = root_cause(ends, lost_at if lost else None)
         why = ("lost" if lost else "success" if cause is None else
                "stopped" if any(e.stopped for e in ends) else
                "class" if cause.klass not in self.restart_on else
@@ -146,10 +149,11 @@ class Policy:
         return Decision(generation, why == "restart", why, self.used, cause)
 
 
-def root_cause(ends: Sequence[End]) -> Optional[End]:
+def root_cause(ends: Sequence[End], before: Optional[float] = None) -> Optional[End]:
     """The generation's root cause: the earliest failure by node 0's clock (``at``) that is not a consequence
-    (``primary``); when every failure is one, the earliest of them; None when every host succeeded."""
-    failing = [e for e in ends if e.code != 0]
+    (``primary``); when every failure is one, the earliest of them; None when every host succeeded, or when
+    none failed ``before`` (a lost host's last word: the loss came first)."""
+    failing = [e for e in ends if e.code != 0 and (before is None or e.at < before)]
     return min([e for e in failing if e.primary] or failing, key=lambda e: e.at, default=None)
 
 

@@ -150,7 +150,8 @@ def test_a_generation_is_stopped_once_however_many_hosts_fail_in_it(watches):
 
     hub, _ = watches(0, nnodes=4)
     policy = restart.Policy(1, ["worker"])
-    hub.set_policy(lambda gen, ends, lost: policy.decide(gen, [restart.end_of(e) for e in ends], lost).message())
+    hub.set_policy(lambda gen, ends, lost_at: policy.decide(gen, [restart.end_of(e) for e in ends], lost_at is not None,
+                                                           lost_at).message())
     clients = [watches(node, nnodes=4) for node in (1, 2, 3)]
     until(lambda: all(joined(w) for w, _ in clients) and len(hub.states) == 3)
     last = clients[2][0]

@@ -44,3 +44,22 @@ def test_the_dry_run_states_the_restarts(tmp_path):
     assert "restarts:  off: with several hosts they need the job watch (node 0 decides for every host)" in off
     assert "hangs:     off: with several hosts it needs the job watch (--no-job-watch)" in off
     assert "watch:     off (--no-job-watch): a failed or lost host does not stop the others" in off
+
+
+def test_node_0_names_the_root_cause_only_where_every_host_trains(tmp_path):
+    """Where every host trains, the run goes through node 0's decision (with or without restarts): the same root
+    cause on every host, by time; with one host, no watch, or only some hosts training, each host judges its own."""
+    from test_hetero import JOB, write_job
+
+    on = plan(tmp_path, TWO_HOSTS)
+    assert on.verdict.on and not on.restarts.on
+    assert f"cause:     {on.verdict.why}" in cli.describe(on, False).splitlines()
+    assert json.loads(cli.describe(on, True))["root_cause"] == {"on": True, "why": on.verdict.why}
+    assert "first failure in time" in on.verdict.why
+    assert not plan(tmp_path, TWO_HOSTS, "--no-job-watch").verdict.on
+    one = plan(tmp_path, ONE_HOST)
+    assert not one.verdict.on and not any(line.startswith("cause:") for line in cli.describe(one, False).splitlines())
+    for host in ("algo-1", "algo-3"):  # a training host and the data host of a heterogeneous job
+        environ = write_job(str(tmp_path / host), JOB, host, {"sagemaker_distribution_instance_groups": ["train"]})
+        some = plan(tmp_path, environ)
+        assert some.watch.on and not some.verdict.on and "only some hosts train" in some.verdict.why

@@ -40,21 +40,24 @@ ENDS = st.builds(end, node=st.integers(0, 3), code=st.integers(0, 3), klass=st.s
 
 @settings(max_examples=300, deadline=None)
 @given(budget=st.integers(0, 4), restart_on=st.sets(st.sampled_from(RESTARTABLE)),
-       generations=st.lists(st.tuples(st.lists(ENDS, min_size=1, max_size=4), st.booleans()), min_size=1, max_size=8))
+       generations=st.lists(st.tuples(st.lists(ENDS, min_size=1, max_size=4), st.booleans(),
+                                      st.none() | st.floats(0, 100)), min_size=1, max_size=8))
 def test_the_policy_never_restarts_what_it_must_not(budget: int, restart_on: set, generations: list) -> None:
     policy = restart.Policy(budget, restart_on)
     previous = None
-    for gen, (ends, lost) in enumerate(generations):
-        decision = policy.decide(gen, ends, lost)
+    for gen, (ends, lost, lost_at) in enumerate(generations):
+        decision = policy.decide(gen, ends, lost, lost_at)
         assert decision.generation == gen and decision.used <= budget
-        failing = [e for e in ends if e.code != 0]
+        failing = [e for e in ends if e.code != 0 and (not lost or lost_at is None or e.at < lost_at)]
         if decision.restart:
             assert not lost and failing and not any(e.stopped for e in ends)
             assert decision.cause is not None and decision.cause.klass in restart_on
             assert gen == 0 or decision.cause.key != previous or not all(e.watched and not e.progress for e in ends)
         elif decision.why == "no_progress":  # only with evidence: every host watched, none stepped
             assert gen > 0 and decision.cause.key == previous and all(e.watched and not e.progress for e in ends)
-        if failing:  # the cause: the earliest failure by node 0's clock that is no consequence, else the earliest
+        if not failing:  # nobody failed, or (a host lost) not before that host was last heard: the loss is the cause
+            assert decision.cause is None
+        else:  # the cause: the earliest failure by node 0's clock that is no consequence, else the earliest
             assert decision.cause in failing
             candidates = [e for e in failing if e.primary] or failing
             assert decision.cause in candidates and decision.cause.at == min(e.at for e in candidates)
@@ -260,13 +263,36 @@ def test_torchrun_counts_as_done_once_its_failure_table_is_printed() -> None:
     assert not failure_reported(tail)
 
 
-def test_only_the_decision_that_ended_the_job_names_the_host_whose_failure_is_primary() -> None:
+def test_a_hosts_failure_is_primary_by_evidence_only_never_by_its_words() -> None:
+    """Node 0's decision that ended the job names the one primary host; without one, a worker's own failure is
+    primary unless a host was lost before it; what the exception says never counts."""
     from types import SimpleNamespace
 
     from launcher import report
+    from launcher.failure import RootCause
+    from launcher.jobwatch import Event
 
+    def watch(decisions, *events):
+        return SimpleNamespace(decisions=decisions, events=list(events))
+
+    reset = RootCause(1, 0, 1, "RuntimeError: Connection reset by peer", "")
+    bug = RootCause(1, 0, 1, "ValueError: bad batch", "")
     ended = restart.Policy(0, DEFAULT_RESTART_ON).decide(0, [end(0, primary=False), end(1)]).message()
-    assert ended["why"] == "budget" and report.restart_cause(SimpleNamespace(decisions={0: ended})) == 1
+    assert ended["why"] == "budget"
+    for cause in (reset, bug):  # the decision's node, whatever either exception says
+        assert report.is_primary(watch({0: ended}), 1, cause, 5.0)
+        assert not report.is_primary(watch({0: ended}), 0, cause, 5.0)
+    lost = Event("lost", 2, "algo-3", 137, "algo-3 lost: connection closed", False, at=4.0)
+    before = end(1, at=5.0)
+    after_loss = restart.Policy(0, DEFAULT_RESTART_ON).decide(0, [before], True, 4.0).message()
+    assert after_loss["why"] == "lost" and after_loss["cause"] is None  # the loss came first: no host is primary
+    assert not report.is_primary(watch({0: after_loss}, lost), 1, bug, 5.0)
+    earlier = restart.Policy(0, DEFAULT_RESTART_ON).decide(0, [end(1, at=3.0)], True, 4.0).message()
+    assert report.is_primary(watch({0: earlier}, lost), 1, reset, 3.0)  # failed before the lost host's last word
     restarted = restart.Policy(1, DEFAULT_RESTART_ON).decide(0, [end(1)]).message()
-    assert report.restart_cause(SimpleNamespace(decisions={0: restarted})) is None  # the last generation: no decision
-    assert report.restart_cause(None) is None
+    for decisions in ({}, {0: restarted}):  # no decision ended the job: the evidence this host has
+        assert report.is_primary(watch(decisions), 1, reset, 5.0)
+        assert report.is_primary(watch(decisions, lost), 1, reset, 3.0)
+        assert not report.is_primary(watch(decisions, lost), 1, bug, 5.0)  # a host was lost before it failed
+        assert not report.is_primary(watch(decisions), 1, RootCause(None, None, None, "torchrun failed", ""), 5.0)
+        assert not report.is_primary(watch(decisions), 1, None, 5.0)

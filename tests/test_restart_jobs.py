@@ -343,3 +343,30 @@ def test_the_first_failure_in_time_is_restarted_whatever_it_says_and_progress_is
         assert outcome["exception"].startswith("OSError: [Errno 5] Input/output error"), outcome
         assert "(after 2 job-wide restart(s) of 2)" in outcome["root_cause"]
         assert len(outcome["restarts"]) == 2
+
+
+def test_without_restarts_the_first_failure_in_time_is_every_hosts_root_cause_whatever_it_says(tmp_path: Any) -> None:
+    # Side by side, no --max-restarts (node 0 still names the root cause for every host):
+    # - "hosts": 2 hosts of 1 rank; at step 3 rank 1 (algo-2) raises a network-worded RuntimeError; rank 0 then
+    #   fails in its collective with gloo's own lost-peer words;
+    # - "ranks": 2 hosts of 2 ranks; rank 3 (algo-2's local rank 1) raises it; its host neighbour rank 2 and
+    #   algo-1's ranks fail in their collectives after it;
+    # - "abort": as "hosts", but rank 0 then aborts (SIGABRT, as NCCL's error handling ends a rank whose peer
+    #   left): a death with no lost-peer words, after the first failure.
+    # Both hosts agree: rank 1's (rank 3's) failure is the root cause, its class and code, whatever the words.
+    message = "Connection reset by peer (while talking to 10.0.0.7:29500)"
+    jobs = {"hosts": launch(tmp_path, "hosts", 2, "--fail", "raise", "--message", message),
+            "ranks": launch(tmp_path, "ranks", 2, "--fail", "raise", "--message", message, "--fail-rank", "3",
+                            sim_args=("--nproc-per-node", "2")),
+            "abort": launch(tmp_path, "abort", 2, "--fail", "raise", "--message", message, "--peer-lost", "abort")}
+    for name, job in jobs.items():
+        result = finish(job)
+        rank = "rank 3 (local rank 1)" if name == "ranks" else "rank 1 (local rank 0)"
+        assert result.exits == {"algo-1": 1, "algo-2": 1}, (name, job.sim.stderr[-4000:])
+        assert len(result.outcomes) == 2
+        for host, outcome in result.outcomes.items():
+            assert outcome["class"] == codes.WORKER_EXIT and outcome["exit_code"] == 1, (name, host, outcome)
+            assert outcome["root_cause_host"] == "algo-2", (name, host, outcome)
+            assert f"{rank} exited with code 1" in outcome["root_cause"], (name, host, outcome)
+            assert outcome["exception"] == f"RuntimeError: {message}", (name, host, outcome)
+            assert outcome["restarts"] == [], (name, host)

@@ -53,8 +53,9 @@ Any failure or loss elsewhere stops this host's workers at once (the stop path o
 no collective-consistent checkpoint is possible, and a worker blocked in a collective never runs its
 Python SIGTERM handler, so a longer grace period only delays the end). The job's root cause, which
 every host's report starts with and whose exit code every host exits with, is the first failure that
-is not a consequence of another (``primary``), else the first loss or failure seen; this module hands
-it over as an :class:`Event` and :mod:`launcher.report` makes the verdict. A lost host counts
+is not a consequence of another (``primary``), else the first loss or failure seen; node 0's decision
+(:mod:`~launcher.jobwatch.restarts`, with or without restarts) names the one primary host, by time; this
+module hands the cause over as an :class:`Event` and :mod:`launcher.report` makes the verdict. A lost host counts
 as killed by SIGKILL (exit code 137): from outside, power loss, a preempted VM and a dead network look
 the same, and 137 is what platforms' retry policies already treat as "the machine went away".
 After its own workers succeeded the hub relays for the others at most the loss timeout more.

@@ -188,7 +188,7 @@ class Client(Watch):
             return
         if self.attempt is not None and self.attempt.hello_sent:
             return  # the hub may have taken the new connection: it closes the old one
-        self._record(Event("lost", 0, self.hub_host, LOST_CODE, f"{self.hub_host} lost: {why}", False))
+        self._record(Event("lost", 0, self.hub_host, LOST_CODE, f"{self.hub_host} lost: {why}", False, self.heard))
 
     def _credit(self, now: float) -> None:
         self.heard = max(self.heard, now)
@@ -203,7 +203,7 @@ class Client(Watch):
         if silent > self.timeout:
             self.ended = True
             self._record(Event("lost", 0, self.hub_host, LOST_CODE,
-                               f"{self.hub_host} lost: no heartbeat for {self.timeout:g} s", False))
+                               f"{self.hub_host} lost: no heartbeat for {self.timeout:g} s", False, self.heard))
         elif silent > self.suspect_after and not self.suspect:
             self.suspect = True
             self.log(f"job watch: the hub on {self.hub_host} silent for {silent:.1f} s: suspect (lost if silent "

@@ -192,7 +192,7 @@ class Hub(Watch):
 
     def _lose(self, node: int, known: _Node, why: str) -> None:
         known.state = "lost"
-        event = Event("lost", node, known.host, LOST_CODE, f"{known.host} lost: {why}", False)
+        event = Event("lost", node, known.host, LOST_CODE, f"{known.host} lost: {why}", False, known.heard)
         self.relayed.add("any")
         self._broadcast(_as_message(event))  # the lost one too: it may hear why, if it still can
         self._record(event)

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from launcher.jobwatch.watch import StopRequest, Watch
 
 KINDS = frozenset({"gen_end", "gen_stop", "gen"})  # the messages this module owns
-Policy = Callable[[int, list[dict], bool], dict]  # node 0's rules: (generation, every end, a host lost) -> decision
+# node 0's rules: (generation, every end, when a lost host was last heard: None if none is lost) -> decision
+Policy = Callable[[int, list[dict], Optional[float]], dict]
 
 
 class Restarts:
@@ -149,10 +150,10 @@ class Restarts:
         if known or policy is None:
             return
         ends = self.gen_ends.get(gen, {})
-        lost = any(e.kind == "lost" for e in events)
-        if not lost and len(ends) < watch.nnodes:
+        lost_at = min((e.at for e in events if e.kind == "lost"), default=None)
+        if lost_at is None and len(ends) < watch.nnodes:
             return
-        decision = {"t": "gen", **policy(gen, [ends[n] for n in sorted(ends)], lost)}
+        decision = {"t": "gen", **policy(gen, [ends[n] for n in sorted(ends)], lost_at)}
         cause = decision.get("cause")
         if cause is not None:  # how long ago the root cause's failure was: each host places it on its own clock
             decision["cause_age"] = round(max(0.0, time.monotonic() - float(cause["at"])), 3)

@@ -52,7 +52,7 @@ class Coordination(Protocol):
 
     kinds: frozenset[str]
     decisions: dict[int, dict]
-    policy: Optional[Callable[[int, list[dict], bool], dict]]
+    policy: Optional[Callable[[int, list[dict], Optional[float]], dict]]
 
     def end_generation(self, end: dict, timeout: float) -> Optional[dict]: ...
 
@@ -76,6 +76,7 @@ class Event(NamedTuple):
     code: int
     report: str  # the first lines of its report; for a loss "algo-2 lost: no heartbeat for 30 s"
     primary: bool
+    at: float = 0.0  # this host's clock (monotonic): when the event was heard; for a loss, when the host was last heard
 
 
 class _Junk(Exception):
@@ -210,11 +211,11 @@ class Watch:
         return {} if self.coordination is None else self.coordination.decisions
 
     @property
-    def policy(self) -> Optional[Callable[[int, list[dict], bool], dict]]:
+    def policy(self) -> Optional[Callable[[int, list[dict], Optional[float]], dict]]:
         """Node 0's rules for restarts (:mod:`launcher.restart`); None: no decision is made."""
         return None if self.coordination is None else self.coordination.policy
 
-    def set_policy(self, rules: Optional[Callable[[int, list[dict], bool], dict]]) -> None:
+    def set_policy(self, rules: Optional[Callable[[int, list[dict], Optional[float]], dict]]) -> None:
         """Give node 0 its rules for restarts (:attr:`policy`)."""
         if self.coordination is not None:
             self.coordination.policy = rules
@@ -241,8 +242,8 @@ class Watch:
         """Tell the others how this host ended (``head``: the first lines of its report, empty on success);
         returns the job's root cause seen by then (the verdict is :mod:`launcher.report`'s).
 
-        ``primary`` False when this host's failure looks caused by another host: then the watch waits
-        (at most the loss timeout + 1 s) for that cause.
+        ``primary`` False when this host's failure is not the root cause (:func:`launcher.report.is_primary`):
+        then the watch waits (at most the loss timeout + 1 s) for that cause.
         """
         if code != 0 and not primary:
             self.wait_for_cause(self.timeout + 1.0)
@@ -494,10 +495,11 @@ def _event(message: dict, nnodes: int) -> Event:
         raise ValueError("node out of range")
     if message["t"] == "lost":
         host = _text(message["host"], 100)
-        return Event("lost", node, host, LOST_CODE, f"{host} lost: {_text(message['why'], 100)}", False)
+        return Event("lost", node, host, LOST_CODE, f"{host} lost: {_text(message['why'], 100)}", False,
+                     time.monotonic())
     code = int(message["code"])
     return Event("failed", node, _text(message["host"], 100), code if 0 < code < 256 else 1,
-                 _text(message["report"]), bool(message["primary"]))
+                 _text(message["report"]), bool(message["primary"]), time.monotonic())
 
 
 def _as_message(event: Event) -> dict:

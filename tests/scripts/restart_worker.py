@@ -15,7 +15,8 @@ generation's own step ``--fail-step`` (counted from where it resumed; 0: before 
 ``exit`` (exit 3), ``raise`` (RuntimeError, same line every time; ``--message`` its text), ``oserror`` (OSError,
 same line every time), ``kill`` (SIGKILL itself), ``hang`` (stops taking part: the others wait in the
 collective). The failing rank first writes ``DIR/fault.json``
-(when it failed).
+(when it failed). ``--peer-lost abort``: a rank whose collective fails aborts (SIGABRT, no exception), as NCCL's
+error handling ends a rank whose peer went away.
 
 ``--window-in GENS``: in those generations every rank prints ``restart window step=99`` before its process
 group forms and sleeps ``--window-sleep`` s (a ``simulate --fault HOST:SIGTERM:step=99`` lands inside a
@@ -120,6 +121,7 @@ def main():
     parser.add_argument("--beats", default="yes", choices=["yes", "no"])  # a value: SageMaker's hyperparameters
     parser.add_argument("--window-in", default="")
     parser.add_argument("--window-sleep", type=float, default=60.0)
+    parser.add_argument("--peer-lost", default="raise", choices=["raise", "abort"])
     args = parser.parse_args()
     gen = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank = int(os.environ["RANK"])
@@ -150,11 +152,16 @@ def main():
         if args.step_work:
             time.sleep(args.step_work)  # the step's work, on a line of its own (what the sampler sees)
         tensor = torch.tensor([float(rank + 1)])
-        dist.all_reduce(tensor)
-        state = {"step": step, "sum": state["sum"] + tensor.item()}
-        if rank == 0:
-            save(ckpt, state)
-        dist.barrier()  # the checkpoint of this step is complete before any rank goes on
+        try:
+            dist.all_reduce(tensor)
+            state = {"step": step, "sum": state["sum"] + tensor.item()}
+            if rank == 0:
+                save(ckpt, state)
+            dist.barrier()  # the checkpoint of this step is complete before any rank goes on
+        except RuntimeError:
+            if args.peer_lost == "abort":
+                os.abort()
+            raise
         if args.beats == "yes":
             beat(rank)
         facts.update(steps=facts["steps"] + 1, sum=state["sum"])
