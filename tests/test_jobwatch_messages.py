@@ -4,6 +4,7 @@ message round-trips, and the table in the module's docstring names every kind th
 from __future__ import annotations
 
 import json
+import time
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -65,5 +66,7 @@ def test_the_events_the_watch_relays_are_typed_messages(event):
     wire = _as_message(event)
     typed = messages.decode(messages.encode(messages.decode_object(wire)))
     assert typed.encode() == wire
-    if event.kind == "failed":
-        assert _event(wire, 8) == event
+    if event.kind == "failed":  # ``at``: when this host heard it (its own clock), never on the wire
+        before = time.monotonic()
+        heard = _event(wire, 8)
+        assert heard._replace(at=event.at) == event and before <= heard.at <= time.monotonic()
