@@ -67,7 +67,9 @@ EXIT_DIR_VARIABLE = "DDP_LAUNCHER_EXIT_DIR"
 GENERATION_VARIABLE = "DDP_LAUNCHER_GENERATION"  # the launcher's job-wide restart count (launcher/restart.py)
 BEAT_VARIABLE = "DDP_LAUNCHER_PROGRESS"  # the launcher's beat socket (launcher/progress.py: BEAT_ENV)
 SAMPLE_VARIABLE = "DDP_LAUNCHER_SAMPLE"  # "0": no sampler
-STARTED = time.time()  # the worker's start: the rendezvous was complete
+HOLD_VARIABLE = "DDP_LAUNCHER_HOLD"  # a generation started ahead: wait for this file (launcher/ahead.py)
+HOLD_LOOK = 0.01  # seconds between two looks for it
+STARTED = time.time()  # the worker's start: the rendezvous was complete (held: the go)
 PERIOD = 0.1  # seconds between two looks at the main thread
 PARK_NAME = "park"  # in the exit directory: the launcher asks the samplers to look no more (a hang's stacks)
 SEND = 1.0  # seconds at least between two beats of the sampler
@@ -385,9 +387,31 @@ def _main_module(path):
     return module
 
 
+def hold(script):
+    """Started ahead (``$DDP_LAUNCHER_HOLD``, the launcher's go file): import torch meanwhile, with ``sys.path[0]``
+    the script's directory as its own ``import torch`` would have (importing initialises nothing of CUDA), then
+    wait for the go. The variable is removed first: the script's environment is a fresh start's."""
+    global STARTED
+    path = os.environ.pop(HOLD_VARIABLE, "")
+    if not path:
+        return
+    first = sys.path[0]
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    try:
+        import torch  # noqa: F401  (the script's own import then finds it done)
+    except Exception:  # the script's own import says what is wrong, as it would
+        pass
+    finally:
+        sys.path[0] = first
+    while not os.path.exists(path):
+        time.sleep(HOLD_LOOK)
+    STARTED = time.time()
+
+
 def run(argv):
     """Run the script ``argv[0]`` with ``argv[1:]`` as ``python script.py`` would; record its code."""
     die_with_torchrun()
+    hold(argv[0])
     script = argv[0]
     path = os.path.abspath(script)
     with open(path, "rb") as fh:

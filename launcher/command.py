@@ -117,12 +117,18 @@ def generation_port(cluster: Cluster, options: Options, fixed: bool, generation:
 
 
 def for_generation(launch: Launch, port: int, generation: int) -> Launch:
-    """``launch`` for a generation: its rendezvous port, and the generation in the workers' environment."""
+    """``launch`` for a generation: its rendezvous port, the generation in the workers' environment, and after
+    the first a log directory of its own (``logs-g<N>``: the next generation's torchrun may start before the
+    last one's logs are read, :mod:`launcher.ahead`)."""
     argv = list(launch.argv)
     own = argv[:argv.index("--")] if "--" in argv else argv  # torchrun's flags, never the script's arguments
     if "--master-port" in own:
         argv[own.index("--master-port") + 1] = str(port)
-    return launch._replace(argv=tuple(argv), env_changes={**launch.env_changes, GENERATION_VARIABLE: str(generation)})
+    log_dir = launch.log_dir if generation == 0 else os.path.join(launch.run_dir, f"logs-g{generation}")
+    if "--log-dir" in own:
+        argv[own.index("--log-dir") + 1] = log_dir
+    return launch._replace(argv=tuple(argv), env_changes={**launch.env_changes, GENERATION_VARIABLE: str(generation)},
+                           log_dir=log_dir)
 
 
 def job_identity(job_name: str, master: str, port: int, nnodes: int) -> str:

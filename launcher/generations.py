@@ -130,12 +130,14 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
     try:
         while True:
             launch = launch_of(generation)
-            if run.hangs is not None and p.hang is not None and generation > 0:
-                from launcher import hangwatch
+            if generation > 0:
+                hangs = run.hangs
+                if hangs is not None and p.hang is not None:
+                    from launcher import hangwatch
 
-                run = run.with_hangs(hangwatch.for_cluster(c, p.hang, launch.run_dir, log, watch, previous=run.hangs,
-                                                           worker_env=launch.environment(environ),
-                                                           remake=[launch.exit_dir]))
+                    hangs = hangwatch.for_cluster(c, p.hang, launch.run_dir, log, watch, previous=hangs,
+                                                  worker_env=launch.environment(environ), remake=[launch.exit_dir])
+                run = run.with_generation(launch, hangs)
             if spans is not None and decided_at is not None:
                 spans["new_torchrun"] = round(max(0.0, time.monotonic() - decided_at), 3)
             steps = _steps(launch.run_dir, run.hangs, log, pending, failed_at, spans,

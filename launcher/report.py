@@ -286,7 +286,7 @@ def judge(run: Run, outcome: Outcome, memory: Optional[oom.Counter] = None) -> t
     ``memory``: the OOM-kill counter as it was before torchrun started (:func:`launcher.oom.snapshot`)."""
     from launcher.command import address_of, master_port
 
-    cluster, options, launch, outside = run.plan.cluster, run.plan.invocation.options, run.plan.launch, run.direct
+    cluster, options, launch, outside = run.plan.cluster, run.plan.invocation.options, run.launch, run.direct
     platform, watch, hangs = run.plan.choice.platform, run.watch, run.hangs
     limit = platform.report_limit or DEFAULT_LIMIT
     text = ""

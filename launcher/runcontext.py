@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 if TYPE_CHECKING:
+    from launcher.command import Launch
     from launcher.jobwatch import Event
     from launcher.plan import Plan
     from launcher.proctree import Watchdog
@@ -68,7 +69,7 @@ class Hangs(Protocol):
 class Run:
     """One run on this host: its plan, environment, log, watchdog, job watch and hang detection (None: off).
 
-    Frozen: a restart's new hang detection makes a new :class:`Run` (:meth:`with_hangs`)."""
+    Frozen: a restart's new generation makes a new :class:`Run` (:meth:`with_generation`)."""
 
     plan: Plan
     environ: Mapping[str, str]
@@ -76,6 +77,12 @@ class Run:
     watchdog: Watchdog
     watch: Optional[JobWatch] = None
     hangs: Optional[Hangs] = None
+    generation: Optional[Launch] = None  # the current generation's launch, when a restart made one
+
+    @property
+    def launch(self) -> Launch:
+        """What the current generation started (the plan's launch, until a restart)."""
+        return self.generation if self.generation is not None else self.plan.launch
 
     @property
     def grace_period(self) -> float:
@@ -92,6 +99,6 @@ class Run:
         """Seconds after torchrun's start by which a worker must exist (None: no bound); the plan's."""
         return self.plan.rendezvous_bound
 
-    def with_hangs(self, hangs: Optional[Hangs]) -> Run:
-        """This run with another generation's hang detection."""
-        return Run(self.plan, self.environ, self.log, self.watchdog, self.watch, hangs)
+    def with_generation(self, launch: Launch, hangs: Optional[Hangs]) -> Run:
+        """This run in another generation: its launch and its hang detection."""
+        return Run(self.plan, self.environ, self.log, self.watchdog, self.watch, hangs, launch)
