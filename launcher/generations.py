@@ -1,12 +1,14 @@
 """The generations of a restarted job on this host: supervise, tell node 0, start the next one.
 
 Each generation is one :func:`launcher.supervise.supervise` of a fresh torchrun (``--max-restarts 0``; after the
-first, its interpreter started ahead, as soon as this host's generation before ended: :mod:`launcher.ahead`)
+first, started ahead with its workers held before the script, as soon as this host's generation before ended:
+:mod:`launcher.ahead`)
 with the generation in the workers' environment (``TORCHELASTIC_RESTART_COUNT``, set by
 :mod:`launcher.bootstrap`) and its rendezvous port (:func:`launcher.command.generation_port`). When it
 ends, every worker of it is gone (supervise kills what is left), and only then this host tells node 0
-how it ended (:meth:`launcher.jobwatch.Watch.end_generation`): so no host starts generation N+1 before
-every host's generation N is gone, and the old store on the master is closed before a new one opens.
+how it ended (:meth:`launcher.jobwatch.Watch.end_generation`): so no script of generation N+1 runs before
+every host's generation N is gone (a generation started ahead meets on its own port and holds its workers
+before the script until node 0's decision).
 Node 0 decides for every host (:class:`launcher.restart.Policy`); one node decides for itself.
 
 A stop signal between two generations (while node 0 decides) ends the job: it is never restarted.
@@ -122,7 +124,7 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
     generation, pending, failed_at = 0, "", None
     spans: Optional[dict[str, Optional[float]]] = None  # the phases of the restart into this generation
     decided_at: Optional[float] = None  # when node 0's decision came (monotonic)
-    ready: Optional[ahead.Ahead] = None  # the next generation's torchrun, importing torch meanwhile
+    ready: Optional[ahead.Ahead] = None  # the next generation, started ahead and held before the script
 
     def launch_of(gen: int) -> Launch:
         return for_generation(p.launch, generation_port(c, options, p.choice.platform.fixed_port, gen), gen)
@@ -164,7 +166,7 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
                 return outcome._replace(stop_signal=signals[0]), run, history
             platform_stop = outcome.stop_signal is not None and not (watch is not None and watch.stopped_job)
             if end.code != 0 and not platform_stop and len(history.records) < options.max_restarts:
-                ready = ahead.start(launch_of(generation + 1), environ)  # another may come: its torchrun ahead
+                ready = ahead.start(launch_of(generation + 1), environ)  # another may come: started ahead
             root: Optional[float] = failed
             if watch is None:
                 decision: Optional[restart.Decision] = policy.decide(generation, [end])

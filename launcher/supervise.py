@@ -298,7 +298,8 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
     hook and torchrun's pid. ``quick_end`` (restarts: every second counts): once torchrun has printed its
     failure table and has no worker left, it is killed instead of waited for through its interpreter's
     teardown (seconds on a loaded host). ``started``: torchrun already started for this launch, as this
-    function starts it (:mod:`launcher.ahead`: its interpreter imported torch while the hosts met).
+    function starts it (:mod:`launcher.ahead`: it met the other hosts and its workers imported torch while the
+    hosts stopped, held before the script until now).
     """
     environ, log, watchdog, watch, hangs = run.environ, run.log, run.watchdog, run.watch, run.hangs
     direct, rendezvous_timeout = run.direct, run.rendezvous_bound
@@ -318,7 +319,8 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
         for sig in FORWARD_ONLY:
             signal.signal(sig, stop.relay)
         watchdog.guard(proc.pid)
-        ahead = " (started ahead, while the hosts met: it had imported torch)" if started is not None else ""
+        ahead = (" (started ahead: its workers, held before the script, had imported torch)"
+                 if started is not None else "")
         log(f"{'the script' if direct else 'torchrun'} started as pid {proc.pid}{ahead}")
         if stop.signal is not None:  # arrived while starting
             stop(stop.signal)

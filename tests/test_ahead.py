@@ -1,9 +1,11 @@
-"""The next generation's torchrun started ahead (launcher/ahead.py): real torchrun processes, one host.
+"""The next generation started ahead (launcher/ahead.py): real torchrun processes, one host.
 
-- told to go, it is torchrun as ``python -m torch.distributed.run`` is: the same worker started with the same
-  arguments, environment (but what torchrun makes anew each time: its run id, its port), signal masks and exit
-  code, and torchrun's own ``__main__`` is the module's file;
-- cancelled (no restart after all), it is gone, whether it was still importing torch or waiting;
+- held, its worker has imported torch and runs nothing of the script until the go;
+- told to go, it is the generation a fresh torchrun starts: the same worker started with the same arguments,
+  environment (but what torchrun makes anew each time: its run id, its port), ``__main__``, signal masks and exit
+  code, the script's ``sys.path[0]``, torch's random state (a fresh seed per process; the same draws once seeded
+  as a resume seeds them); only torch is imported already;
+- cancelled (no restart after all), torchrun and its worker are gone, whether they were starting or held;
 - it is never started when turned off (``DDP_LAUNCHER_AHEAD=0``) or when the launch starts the script directly.
 
 Every process started here is ended by PID and proved gone.
@@ -23,18 +25,22 @@ from typing import Any
 import pytest
 from conftest import PYTHON, assert_gone, launcher_env
 
-from launcher import ahead
-from launcher.command import Launch
+from launcher import ahead, proctree
+from launcher.command import BOOTSTRAP, Launch
 from launcher.supervise import FORWARD_ONLY
 
 WORKER = textwrap.dedent("""
     import json, os, sys
+    before = "torch" in sys.modules
+    import torch  # as a training script's first lines do (threads of its own: glibc then catches signal 33)
     with open("/proc/self/status") as fh:
         masks = {k: v.strip() for k, _, v in (l.partition(":") for l in fh) if k in ("SigBlk", "SigIgn", "SigCgt")}
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
         parent = fh.read().split(b"\\0")
     facts = {"argv": sys.argv, "env": dict(os.environ), "masks": masks, "main": sys.modules["__main__"].__file__,
-             "parent_main": parent[1:3] == [b"-m", b"torch.distributed.run"] or parent[1] == b"-c"}
+             "parent_main": parent[1:3] == [b"-m", b"torch.distributed.run"], "path0": sys.path[0],
+             "torch": before, "seed": torch.initial_seed(),
+             "seeded": (torch.manual_seed(1234), torch.rand(3).tolist())[1]}
     with open(os.path.join(sys.argv[1], f"{os.environ['DDP_TEST_HOW']}.json"), "w") as fh:
         json.dump(facts, fh)
     sys.exit(int(sys.argv[2]))
@@ -43,13 +49,14 @@ ONCE_PER_RUN = ("TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
 
 
 def make_launch(tmp_path: Any, code: int) -> Launch:
-    """A one-worker torchrun launch (``--standalone``) of the worker above, which exits ``code``."""
+    """A one-worker torchrun launch (``--standalone``) of the worker above through the launcher's bootstrap, which
+    exits ``code``."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
     argv = (PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "--max-restarts", "0",
-            "--monitor-interval", "0.1", str(script), str(tmp_path), str(code))
+            "--monitor-interval", "0.1", "--", BOOTSTRAP, str(script), str(tmp_path), str(code))
     return Launch(argv, {"PYTHONUNBUFFERED": "1"}, ("DDP_TEST_GONE",), str(run_dir), str(run_dir / "error.json"),
                   str(run_dir / "logs"))
 
@@ -90,26 +97,66 @@ def test_told_to_go_it_is_torchrun_as_python_dash_m_starts_it(tmp_path: Any) -> 
     fresh, started = (json.loads((tmp_path / f"{how}.json").read_text()) for how in ("fresh", "ahead"))
     assert started["argv"] == fresh["argv"] and started["main"] == fresh["main"] == str(tmp_path / "worker.py")
     assert started["masks"] == fresh["masks"] and started["parent_main"] and fresh["parent_main"]
+    assert started["path0"] == fresh["path0"] == str(tmp_path)
+    assert started["torch"] and not fresh["torch"]  # the one difference: torch was imported while it was held
+    # torch's random state: a fresh one per process unseeded (not one shared with whatever imported torch before),
+    # and after a seed, as a resume sets it, the same draws
+    assert started["seed"] != fresh["seed"] and started["seeded"] == fresh["seeded"]
     assert set(started["env"]) == set(fresh["env"]) and "DDP_TEST_GONE" not in started["env"]
     differ = {k for k in fresh["env"] if fresh["env"][k] != started["env"][k]}
     assert differ <= set(ONCE_PER_RUN), differ
     assert started["env"]["PYTHONUNBUFFERED"] == "1" and started["env"]["LOCAL_RANK"] == "0"
 
 
-@pytest.mark.parametrize("wait", [0.0, 30.0])
-def test_cancelled_it_is_gone_while_importing_or_waiting(tmp_path: Any, wait: float) -> None:
+def held_worker(ready: ahead.Ahead, timeout: float = 120.0) -> int:
+    """The pid of the held generation's worker, once it has imported torch (its threads)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in proctree.children_of(ready.proc.pid):  # torchrun's other children come and go
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    worker = BOOTSTRAP.encode() in fh.read().split(b"\0")
+                if worker and len(os.listdir(f"/proc/{pid}/task")) > 1:
+                    return pid
+            except OSError:
+                continue
+        assert ready.proc.poll() is None, "torchrun ended while held"
+        time.sleep(0.1)
+    raise AssertionError("no held worker with torch imported in time")
+
+
+@pytest.mark.job
+def test_held_it_runs_nothing_of_the_script_until_the_go(tmp_path: Any) -> None:
+    ready = ahead.start(make_launch(tmp_path, 0), {**launcher_env(), "DDP_TEST_HOW": "held"})
+    assert ready is not None
+    try:
+        worker = held_worker(ready)
+        time.sleep(1.0)
+        assert not (tmp_path / "held.json").exists() and ready.proc.poll() is None
+        assert worker in proctree.children_of(ready.proc.pid)
+        proc = ready.go()
+        proc.communicate(timeout=300)
+        assert proc.returncode == 0 and json.loads((tmp_path / "held.json").read_text())["torch"]
+    finally:
+        ready.cancel()
+    assert_gone([ready.proc.pid, worker])
+
+
+@pytest.mark.job
+@pytest.mark.parametrize("wait", [0.0, 1.0])
+def test_cancelled_it_is_gone_while_starting_or_held(tmp_path: Any, wait: float) -> None:
     ready = ahead.start(make_launch(tmp_path, 0), launcher_env())
     assert ready is not None
-    pid = ready.proc.pid
+    pid, workers = ready.proc.pid, []
     try:
-        deadline = time.monotonic() + wait  # with a wait: until it has imported torch (its threads) or 30 s
-        while time.monotonic() < deadline and len(os.listdir(f"/proc/{pid}/task")) < 2:
-            time.sleep(0.1)
+        if wait:
+            workers = [held_worker(ready)]
+            time.sleep(wait)
         assert ready.proc.poll() is None
     finally:
         ready.cancel()
     assert ready.proc.returncode is not None and ready.proc.stdout is not None and ready.proc.stdout.closed
-    assert_gone([pid])
+    assert_gone([pid, *workers])
     assert not (tmp_path / "fresh.json").exists() and not (tmp_path / "ahead.json").exists()
 
 
