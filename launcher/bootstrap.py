@@ -11,6 +11,8 @@ plain script (it imports nothing from the launcher and only the standard library
 - asks the kernel for SIGTERM when torchrun dies (Linux ``PR_SET_PDEATHSIG``): the launcher starts torchrun
   with SIGKILL as its own parent-death signal (see ``launcher.supervise``), so a worker whose launcher and
   watchdog were both killed gets SIGTERM from the kernel instead of from torchrun's shutdown;
+- in a generation started ahead (``DDP_LAUNCHER_HOLD``, ``launcher.ahead``): removes that variable, imports torch
+  and waits for the launcher's go file before any of the rest;
 - sets ``TORCHELASTIC_RESTART_COUNT`` to the launcher's job-wide restart count (``DDP_LAUNCHER_GENERATION``),
   which torchrun, started with ``--max-restarts 0`` for every generation, would give as 0;
 - when the script ends, before interpreter teardown, writes the code it asked for (``SystemExit``'s
