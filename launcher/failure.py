@@ -316,33 +316,6 @@ def _failed_when(entry: dict[str, str], launch: Launch) -> float:
     return float("-inf")
 
 
-class NewFailures:
-    """The exit directory looked at again and again while a generation runs (:meth:`first`): a worker's record
-    with a non-zero code is its failure, seen before torchrun has noticed it and stopped the others."""
-
-    def __init__(self, exit_dir: str) -> None:
-        self.exit_dir = exit_dir
-        self.seen: set[str] = set()  # records read: a success, or a failure already told
-        self.told = False
-
-    def first(self) -> Optional[int]:
-        """The code of the first failed worker's record, once (None before it, and ever after)."""
-        if self.told:
-            return None
-        with contextlib.suppress(OSError):
-            for name in os.listdir(self.exit_dir):
-                if name in self.seen or not (name.endswith(".json") and name[:-5].isdigit()):
-                    continue
-                record = read_exit_record(self.exit_dir, int(name[:-5]))
-                if record is None:
-                    continue  # not a record (the bootstrap writes each one whole, by rename)
-                self.seen.add(name)
-                if record["code"] != 0:
-                    self.told = True
-                    return int(record["code"])
-        return None
-
-
 def first_failure(exit_dir: str, ended: float) -> float:
     """When this host's first worker failed (monotonic): the earliest exit record with a non-zero code (written
     as its script ended); ``ended`` (the generation's end) when none has one (a worker killed by a signal)."""
