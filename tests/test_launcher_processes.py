@@ -230,9 +230,11 @@ def test_through_aws_sagemaker_training_toolkit(tmp_path):
 
 
 @pytest.mark.job
-def test_lone_host_reports_the_rendezvous_it_waited_for(tmp_path):
+@pytest.mark.parametrize("lone", ["algo-2", "algo-1"])
+def test_lone_host_reports_the_rendezvous_it_waited_for(tmp_path, lone):
+    # the other host never comes up: no decision of node 0 to wait for (its job watch never met that host)
     hosts = ["algo-1", "algo-2"]
-    base = make_host(tmp_path, "algo-2", hosts)  # algo-1 never comes up
+    base = make_host(tmp_path, lone, hosts)
     port = free_port()
     proc = start_launcher(base, ["--rdzv-timeout", "3", WORKER], port, hosts)
     _out, err = proc.communicate(timeout=90)
@@ -240,7 +242,7 @@ def test_lone_host_reports_the_rendezvous_it_waited_for(tmp_path):
     assert json.loads((base / "output" / "data" / "outcome.json").read_text())["class"] == "rendezvous"
     first = (base / "output" / "failure").read_text().splitlines()[0]
     # torchrun's own rendezvous timeout, or (a slow start) the launcher's bound and its diagnosis: both 75
-    assert first.startswith(f"algo-2: torchrun failed before or around the workers (exit code 75); "
-                            f"rendezvous algo-1:{port} as node 1 of 2, timeout 3 s")
+    assert first.startswith(f"{lone}: torchrun failed before or around the workers (exit code 75); "
+                            f"rendezvous algo-1:{port} as node {hosts.index(lone)} of 2, timeout 3 s")
     torchrun = re.search(r"torchrun started as pid (\d+)", err).group(1)
     assert_gone([proc.pid, torchrun])

@@ -59,6 +59,10 @@ class Hub(Watch):
         """node -> running, done, failed or lost: every node that joined."""
         return {node: n.state for node, n in list(self.nodes.items())}
 
+    def members(self) -> int:
+        """Itself and every node that joined (see :meth:`launcher.jobwatch.Watch.members`)."""
+        return 1 + len(self.nodes)
+
     def close(self) -> None:
         """End the loop thread, close every socket and stop listening."""
         super().close()

@@ -49,8 +49,8 @@ class Restarts:
             self.my_end = {"t": "gen_end", "gen": gen, **end}
         watch.wake()
         deadline = time.monotonic() + timeout
-        with watch.cond:
-            while gen not in self.decisions and not watch.events and time.monotonic() < deadline:
+        with watch.cond:  # a client that found no hub (``off``) gets no decision
+            while gen not in self.decisions and not watch.events and not watch.off and time.monotonic() < deadline:
                 watch.cond.wait(max(0.0, min(0.1, deadline - time.monotonic())))
             return self.decisions.get(gen)
 
@@ -151,7 +151,7 @@ class Restarts:
             return
         ends = self.gen_ends.get(gen, {})
         lost_at = min((e.at for e in events if e.kind == "lost"), default=None)
-        if lost_at is None and len(ends) < watch.nnodes:
+        if lost_at is None and len(ends) < watch.members():
             return
         decision = {"t": "gen", **policy(gen, [ends[n] for n in sorted(ends)], lost_at)}
         cause = decision.get("cause")

@@ -234,6 +234,11 @@ class Watch:
         """Supervise's stop hook while it runs (:meth:`attach`)."""
         return self._request
 
+    def members(self) -> int:
+        """The nodes whose ends node 0 waits for: every node (the hub: itself and every node that joined it; a
+        host whose launcher never reached the hub runs without the watch)."""
+        return self.nnodes
+
     def connected(self) -> bool:
         """True while a handshaken peer is connected."""
         return any(c.node is not None for c in list(self.conns.values()))
