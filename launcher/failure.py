@@ -308,28 +308,32 @@ def find_root_cause(outcome: Outcome, launch: Launch) -> Optional[RootCause]:
 def _failed_when(entry: dict[str, str], launch: Launch) -> float:
     """When the worker of a table entry ended with a non-zero code (its exit record's time); -inf without one."""
     match = _EXITCODE.match(entry.get("exitcode", ""))
-    if match is None:
-        return float("-inf")
-    with contextlib.suppress(OSError):
-        if (read_exit_record(launch.exit_dir, int(match.group(2))) or {}).get("code"):
-            return os.stat(os.path.join(launch.exit_dir, f"{match.group(2)}.json")).st_mtime
-    return float("-inf")
+    found = failed_at(launch.exit_dir, int(match.group(2))) if match else None
+    return float("-inf") if found is None else found
+
+
+def failed_at(exit_dir: str, pid: int) -> Optional[float]:
+    """When worker ``pid``'s script ended with a non-zero code (``time.time()``: its exit record's modification
+    time); None without such a record."""
+    record = read_exit_record(exit_dir, pid)
+    if record is None or record["code"] == 0:
+        return None
+    try:
+        return os.stat(os.path.join(exit_dir, f"{pid}.json")).st_mtime
+    except OSError:
+        return None
 
 
 def first_failure(exit_dir: str, ended: float) -> float:
     """When this host's first worker failed (monotonic): the earliest exit record with a non-zero code (written
     as its script ended); ``ended`` (the generation's end) when none has one (a worker killed by a signal)."""
     now_wall, now = time.time(), time.monotonic()
-    times = []
-    with contextlib.suppress(OSError):
-        for name in os.listdir(exit_dir):
-            if not (name.endswith(".json") and name[:-5].isdigit()):
-                continue
-            record = read_exit_record(exit_dir, int(name[:-5]))
-            if record is not None and record["code"] != 0:
-                with contextlib.suppress(OSError):
-                    times.append(now - (now_wall - os.stat(os.path.join(exit_dir, name)).st_mtime))
-    return min([ended, *times])
+    try:
+        pids = [int(name[:-5]) for name in os.listdir(exit_dir) if name.endswith(".json") and name[:-5].isdigit()]
+    except OSError:
+        pids = []
+    walls = [wall for wall in (failed_at(exit_dir, pid) for pid in pids) if wall is not None]
+    return min([ended, *(now - (now_wall - wall) for wall in walls)])
 
 
 def _cause_of(entry: dict[str, str], table_root: bool, launch: Launch) -> RootCause:
