@@ -58,6 +58,8 @@ names every module and only modules that exist):
 - ``restart``: job-wide restarts in place: a generation's end, node 0's rules (budget, classes, no progress).
 - ``generations``: this host's generations of a restarted job: supervise, tell node 0, start the next one.
 - ``ahead``: the next generation's torchrun, started as soon as a generation ended: it imports torch meanwhile.
+- ``deaths``: when, how and which rank each of torchrun's workers ended, by the kernel's word (a pidfd each).
+- ``failuretime``: when a worker failed, by its exit record and its death, and which of two failures came first.
 - ``outcome``: how torchrun ended, as the supervisor hands it on.
 - ``codes``: the classes of a run's outcome and their exit codes.
 - ``oom``: the kernel's OOM-kill counters (the cgroup's, else the machine's): out of memory told apart from a SIGKILL.

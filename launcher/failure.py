@@ -29,16 +29,17 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, NamedTuple, Optional
 
 from launcher.cluster import Cluster
 from launcher.codes import RENDEZVOUS_CODE
 from launcher.command import Launch
 from launcher.errors import ConfigError
+from launcher.failuretime import FailedAt, earlier
 from launcher.filereader import read_bounded
 from launcher.filewriter import replace_file
-from launcher.outcome import Outcome
+from launcher.outcome import Death, Outcome
 
 REPORT_LIMIT = 1024  # SageMaker shows the first 1024 characters of output/failure
 ERROR_FILE_LIMIT = 4 * 1024 * 1024  # a larger error file is not read: the log tail is used instead
@@ -69,6 +70,7 @@ class RootCause(NamedTuple):
     teardown: str = ""  # what ended it in teardown: "aborted: terminate called without an active exception"
     oom: str = ""  # the OOM killer's evidence when it sent the SIGKILL (launcher.oom.evidence)
     oom_what: str = ""  # what it killed, after "ran out of memory: " (launcher.oom.explain)
+    at: Optional[float] = None  # time.time() when it failed: its exit record, else its death; None: not known
 
 
 def signal_name(number: int) -> str:
@@ -122,16 +124,23 @@ def _exitcode(entry: dict[str, str]) -> Optional[int]:
 
 
 def pick_root_cause(entries: Sequence[dict[str, str]],
-                    when: Callable[[dict[str, str]], float] = lambda entry: 0.0) -> dict[str, str]:
-    """The first worker of the table to fail on its own: the earliest by ``when`` (ties: the table's order,
-    torchrun's "first observed failure" first) of those not killed by SIGTERM.
+                    when: Callable[[dict[str, str]], FailedAt] = lambda entry: FailedAt(None, None)
+                    ) -> dict[str, str]:
+    """The first worker of the table to fail on its own: the earliest by ``when`` (:func:`launcher.failuretime.earlier`;
+    ties: the table's order, torchrun's "first observed failure" first) of those not killed by SIGTERM.
 
     When one worker fails, torchrun SIGTERMs the others; without error files its "first observed
     failure" can name one of those on a timestamp tie. A worker killed by SIGTERM is never the cause
     when another failed otherwise (an exit code, another signal).
     """
     own = [e for e in entries if _exitcode(e) != -signal.SIGTERM]
-    return min(own, key=when) if own else entries[0]
+    if not own:
+        return entries[0]
+    first = own[0]
+    for entry in own[1:]:
+        if earlier(when(entry), when(first)):
+            first = entry
+    return first
 
 
 def _read_bounded(path: str, limit: int) -> Optional[bytes]:
@@ -289,7 +298,7 @@ def find_root_cause(outcome: Outcome, launch: Launch) -> Optional[RootCause]:
     if outcome.no_rendezvous:
         return RootCause(None, None, None, "no rendezvous within the timeout: no worker was started",
                          "\n".join(outcome.stderr_tail))
-    entries = parse_failures(outcome.stderr_tail)
+    entries = parse_failures(outcome.stderr_tail) or _deaths_before_stop(outcome)
     if not entries:
         # torchrun itself failed (rendezvous, bad flag) or was killed: its own error file or stderr.
         own = read_error_file(launch.error_file)
@@ -299,17 +308,45 @@ def find_root_cause(outcome: Outcome, launch: Launch) -> Optional[RootCause]:
             exception = f"torchrun was killed by {signal_name(-outcome.returncode)}"
         return RootCause(None, None, None, exception or "torchrun failed",
                          (own or {}).get("traceback") or stderr)
-    # The first to fail in time, by the exit records bootstrap writes as each script ends (what an exception says
-    # is no evidence); a worker without one (killed by a signal torchrun did not send) comes first.
-    first = pick_root_cause(entries, lambda entry: _failed_when(entry, launch))
-    return _cause_of(first, first is entries[0], launch)
+    # The first to fail in time, by the exit records bootstrap writes as each script ends and, for a worker that
+    # wrote none (a signal, os._exit), its death as the kernel told it (launcher.deaths): what an exception says
+    # is no evidence.
+    first = pick_root_cause(entries, lambda entry: _failed_when(entry, launch.exit_dir, outcome.deaths))
+    return _cause_of(first, first is entries[0], launch)._replace(
+        at=_failed_when(first, launch.exit_dir, outcome.deaths).first())
 
 
-def _failed_when(entry: dict[str, str], launch: Launch) -> float:
-    """When the worker of a table entry ended with a non-zero code (its exit record's time); -inf without one."""
+def _deaths_before_stop(outcome: Outcome) -> list[dict[str, str]]:
+    """Table entries, as torchrun prints them, for the workers that failed before a stop ended torchrun without
+    its table (stopped before its next look): each one's rank and code as the kernel told them."""
+    if outcome.stopped_at is None:
+        return []
+    return [{"rank": f"{d.rank} (local_rank: {d.local_rank})", "exitcode": f"{d.code} (pid: {pid})",
+             "error_file": "<N/A>", "traceback": ""}
+            for pid, d in sorted(outcome.deaths.items(), key=lambda item: item[1].at)
+            if d.code and d.rank is not None and d.local_rank is not None and d.at < outcome.stopped_at]
+
+
+def failed_before_stop(outcome: Outcome, cause: Optional[RootCause]) -> bool:
+    """Whether a worker of this host failed on its own before a stop reached the workers (a stop signal, or the
+    job watch's stop for another host's failure): that failure is this host's end, not the stop."""
+    return (outcome.stopped_at is not None and cause is not None and cause.rank is not None and cause.at is not None
+            and cause.at < outcome.stopped_at)
+
+
+def _failed_when(entry: dict[str, str], exit_dir: str, deaths: Mapping[int, Death]) -> FailedAt:
+    """When the worker of a table entry failed: its exit record's time when its script ended with a non-zero code,
+    and its death (``deaths``)."""
+    pid = _entry_pid(entry)
+    if pid is None:
+        return FailedAt(None, None)
+    return FailedAt(failed_at(exit_dir, pid), deaths[pid].at if pid in deaths else None)
+
+
+def _entry_pid(entry: dict[str, str]) -> Optional[int]:
+    """The worker's pid in a table entry (``exitcode : 1 (pid: 7550)``); None without one."""
     match = _EXITCODE.match(entry.get("exitcode", ""))
-    found = failed_at(launch.exit_dir, int(match.group(2))) if match else None
-    return float("-inf") if found is None else found
+    return int(match.group(2)) if match else None
 
 
 def failed_at(exit_dir: str, pid: int) -> Optional[float]:
@@ -324,16 +361,33 @@ def failed_at(exit_dir: str, pid: int) -> Optional[float]:
         return None
 
 
-def first_failure(exit_dir: str, ended: float) -> float:
-    """When this host's first worker failed (monotonic): the earliest exit record with a non-zero code (written
-    as its script ended); ``ended`` (the generation's end) when none has one (a worker killed by a signal)."""
-    now_wall, now = time.time(), time.monotonic()
+def host_failure(outcome: Outcome, exit_dir: str) -> Optional[FailedAt]:
+    """This host's first failure (``time.time()``): of the workers with an exit record with a non-zero code (written
+    as the script ended) or a death with a non-zero code (``outcome.deaths``; one that wrote no record: a signal,
+    ``os._exit``), the first by :func:`launcher.failuretime.earlier`. None when no worker is known to have failed."""
     try:
-        pids = [int(name[:-5]) for name in os.listdir(exit_dir) if name.endswith(".json") and name[:-5].isdigit()]
+        names = os.listdir(exit_dir)
     except OSError:
-        pids = []
-    walls = [wall for wall in (failed_at(exit_dir, pid) for pid in pids) if wall is not None]
-    return min([ended, *(now - (now_wall - wall) for wall in walls)])
+        names = []
+    records = {int(name[:-5]) for name in names if name.endswith(".json") and name[:-5].isdigit()}
+    table = {_entry_pid(entry) for entry in parse_failures(outcome.stderr_tail)}
+    pids = {pid for pid in records if failed_at(exit_dir, pid) is not None}
+    pids |= {pid for pid, death in outcome.deaths.items() if death.code or (death.code is None and pid in table)}
+    failures = [FailedAt(failed_at(exit_dir, pid), outcome.deaths[pid].at if pid in outcome.deaths else None)
+                for pid in sorted(pids)]
+    first = None
+    for failed in failures:
+        if first is None or earlier(failed, first):
+            first = failed
+    return first
+
+
+def first_failure(outcome: Outcome, exit_dir: str, ended: float) -> float:
+    """When this host's first worker failed (:func:`host_failure`'s earliest time, monotonic); ``ended`` (the
+    generation's end) when none is known to have failed."""
+    first = host_failure(outcome, exit_dir)
+    known = None if first is None else first.first()
+    return ended if known is None else min(ended, time.monotonic() - (time.time() - known))
 
 
 def _cause_of(entry: dict[str, str], table_root: bool, launch: Launch) -> RootCause:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 from launcher import ahead, codes, failure, oom, report, restart
 from launcher.command import Launch, for_generation, generation_port
+from launcher.failuretime import FailedAt
 from launcher.jobwatch import report_head
 from launcher.outcome import Outcome
 from launcher.progress import BeatSocket, Progress
@@ -69,20 +70,24 @@ class History:
 
 
 def _own_end(run: Run, launch: Launch, outcome: Outcome, steps: restart.Steps, memory: Optional[oom.Counter],
-             failed: float) -> restart.End:
+             failed: float, first: Optional[FailedAt] = None) -> restart.End:
     """How this host's generation (``launch``) ended, as node 0 needs it (``failed``: when its first worker failed,
-    monotonic). Its failure is a consequence of another host's only when the job watch stopped its workers
-    (or torchrun itself failed, with no worker to blame); what the exception says is no evidence."""
+    monotonic; ``first``: that failure by its record and its death, ``time.time()``). Its failure is a consequence
+    of another host's only when the job watch stopped its workers before any of its own failed (or torchrun itself
+    failed, with no worker to blame); what the exception says is no evidence."""
     c, hangs, watch = run.plan.cluster, run.hangs, run.watch
     node, host = c.node_rank, c.current_host
     moved, watched, count = steps.moved(), steps.watched(), steps.progress.steps
     age = round(max(0.0, time.monotonic() - failed), 3)
+    now = time.time()
+    record_age, death_age = (None, None) if first is None else (
+        None if t is None else round(max(0.0, now - t), 3) for t in first)
     if hangs is not None and hangs.verdict:
         from launcher.hangwatch import report as hang_report
 
         return restart.End(node, host, codes.HANG_CODE, codes.HANG, "hang", report_head(hang_report(hangs, 600)),
                            True, moved, age=age, watched=watched, steps=count)
-    cause, klass, code = report.torchrun_end(outcome, launch, memory)
+    cause, klass, code, outcome = report.torchrun_end(outcome, launch, memory)
     if code == 0:
         return restart.End(node, host, 0, codes.SUCCESS, "", "", True, moved, watched=watched, steps=count)
     by_watch = watch is not None and watch.stopped_job and outcome.stop_signal is not None
@@ -94,7 +99,7 @@ def _own_end(run: Run, launch: Launch, outcome: Outcome, steps: restart.Steps, m
     primary = not by_watch and (outcome.stop_signal is not None or (cause is not None and cause.rank is not None))
     return restart.End(node, host, code, klass, key, report_head(text), primary, moved,
                        stopped=outcome.stop_signal is not None and not by_watch, age=age, watched=watched,
-                       steps=count)
+                       steps=count, record_age=record_age, death_age=death_age)
 
 
 def _fresh(launch: Launch) -> None:
@@ -160,8 +165,9 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
                 history.records[-1]["seconds_to_first_step"] = steps.to_first_step
             if run.hangs is not None:
                 run.hangs.close()
-            failed = failure.first_failure(launch.exit_dir, failed_at)
-            end = _own_end(run, launch, outcome, steps, history.memory, failed)
+            first = failure.host_failure(outcome, launch.exit_dir)
+            failed = failure.first_failure(outcome, launch.exit_dir, failed_at)
+            end = _own_end(run, launch, outcome, steps, history.memory, failed, first)
             if signals and outcome.stop_signal is None:
                 return outcome._replace(stop_signal=signals[0]), run, history
             platform_stop = outcome.stop_signal is not None and not (watch is not None and watch.stopped_job)

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
+
+
+class Death(NamedTuple):
+    """One worker's end as the kernel told it (:mod:`launcher.deaths`)."""
+
+    at: float  # ``time.time()`` when it ended
+    code: Optional[int]  # torchrun's way: the exit code, or -N for signal N; None: reaped before it could be read
+    rank: Optional[int]  # its RANK and LOCAL_RANK, from the environment torchrun started it with
+    local_rank: Optional[int]
 
 
 class Outcome(NamedTuple):
@@ -15,3 +24,5 @@ class Outcome(NamedTuple):
     killed_after_grace: bool = False
     stderr_tail: Sequence[str] = ()
     no_rendezvous: bool = False  # no worker had started when the rendezvous timeout ran out: torchrun was killed
+    deaths: Mapping[int, Death] = {}  # each worker's end, by the kernel (pid -> Death): launcher.deaths
+    stopped_at: Optional[float] = None  # ``time.time()`` when the stop (stop_signal) was passed to the workers

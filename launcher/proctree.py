@@ -198,6 +198,17 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> Optional[int]:
         return None
 
 
+def stat_fields(pid: int) -> Optional[list[bytes]]:
+    """``/proc/PID/stat`` from field 3 (state) on (``proc(5)``'s field N is item N - 3); None if it is gone."""
+    return _stat(pid)
+
+
+def parent_of(pid: int) -> Optional[int]:
+    """The process's parent PID; None if it is gone."""
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
+
+
 def start_time(pid: int) -> Optional[int]:
     """The process's start time (clock ticks after boot, ``/proc/PID/stat`` field 22): with the PID, it
     names one process for good (a PID is reused, the pair never). None if it is gone."""

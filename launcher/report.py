@@ -106,12 +106,13 @@ def code_of(klass: str, code: int) -> int:
 
 
 class TorchrunEnd(NamedTuple):
-    """How torchrun's run ended on this host: the root cause read from its evidence (None: none found), the class
-    and the exit code."""
+    """How torchrun's run ended on this host: the root cause read from its evidence (None: none found), the class,
+    the exit code and the outcome they were judged on (without its stop when a worker failed before it)."""
 
     cause: Optional[RootCause]
     klass: str
     code: int
+    outcome: Outcome
 
 
 def class_and_code(outcome: Outcome, cause: Optional[RootCause]) -> tuple[str, int]:
@@ -126,8 +127,11 @@ def torchrun_end(outcome: Outcome, launch: Launch, memory: Optional[oom.Counter]
     """How torchrun's run of ``launch`` ended: its root cause (:func:`launcher.failure.find_root_cause`, with the
     OOM killer's evidence when ``memory``, the OOM-kill count before it started, rose), class and code. The
     verdict (:func:`judge`) and the generations (:mod:`launcher.generations`) both read an end this way."""
-    cause = out_of_memory(outcome, failure.find_root_cause(outcome, launch), memory)
-    return TorchrunEnd(cause, *class_and_code(outcome, cause))
+    cause = failure.find_root_cause(outcome, launch)
+    if failure.failed_before_stop(outcome, cause):  # its own failure came first: the stop is not how it ended
+        outcome = outcome._replace(stop_signal=None)
+    cause = out_of_memory(outcome, cause, memory)
+    return TorchrunEnd(cause, *class_and_code(outcome, cause), outcome)
 
 
 def remote_class(kind: str, code: int, head: str) -> str:
@@ -301,7 +305,7 @@ def judge(run: Run, outcome: Outcome, memory: Optional[oom.Counter] = None) -> t
             codes.WORKER_SIGNAL if outcome.returncode < 0 else codes.WORKER_EXIT)
         text = groups.report(cluster, outcome, code, limit) if code != 0 else ""
     else:
-        cause, klass, code = torchrun_end(outcome, launch, memory)
+        cause, klass, code, outcome = torchrun_end(outcome, launch, memory)
     if code != 0 and not outside:
         port = master_port(cluster, options)
         rendezvous = (f"{cluster.master_addr}:{port} as node {cluster.node_rank} of {cluster.nnodes}, "
@@ -337,7 +341,7 @@ def judge(run: Run, outcome: Outcome, memory: Optional[oom.Counter] = None) -> t
         primary = False
     else:
         primary = outside or outcome.stop_signal is not None or is_primary(
-            watch, cluster.node_rank, cause, failure.first_failure(launch.exit_dir, time.monotonic()))
+            watch, cluster.node_rank, cause, failure.first_failure(outcome, launch.exit_dir, time.monotonic()))
     event = watch.finish(code, text, primary)
     job_code, text = job_result(event, code, text, primary, watch.off, limit)
     if code != 0 and event is not None and not (primary and not event.primary):

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple, Optional
 
 from launcher import codes
+from launcher.failuretime import FailedAt, earlier
 from launcher.progress import BeatSocket, Progress
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
@@ -63,6 +64,8 @@ class End(NamedTuple):
     at: float = 0.0  # when that failure was, on node 0's clock (node 0 sets it on arrival: now - age)
     watched: bool = True  # the sampler or a beat heard a rank of this host: "no step" is evidence
     steps: int = 0  # step-like events of this host's ranks in the generation
+    record_age: Optional[float] = None  # that first failure by its two clocks (launcher/failuretime.py), seconds
+    death_age: Optional[float] = None  # before this message: its exit record's, its death's (None: unknown)
 
     def message(self) -> dict:
         """As the job watch carries it."""
@@ -74,7 +77,13 @@ def end_of(message: dict) -> End:
     return End(int(message["node"]), str(message["host"])[:100], int(message["code"]), str(message["klass"])[:40],
                str(message["key"])[:300], str(message["head"])[:600], bool(message["primary"]),
                bool(message["progress"]), bool(message["stopped"]), _seconds(message.get("age", 0.0)),
-               float(message.get("at", 0.0)), bool(message.get("watched", True)), int(message.get("steps", 0)))
+               float(message.get("at", 0.0)), bool(message.get("watched", True)), int(message.get("steps", 0)),
+               _maybe_seconds(message.get("record_age")), _maybe_seconds(message.get("death_age")))
+
+
+def _maybe_seconds(value: object) -> Optional[float]:
+    """A duration from a message, or None (raises ValueError on a bad one)."""
+    return None if value is None else _seconds(value)
 
 
 def _seconds(value: object) -> float:
@@ -150,11 +159,26 @@ class Policy:
 
 
 def root_cause(ends: Sequence[End], before: Optional[float] = None) -> Optional[End]:
-    """The generation's root cause: the earliest failure by node 0's clock (``at``) that is not a consequence
-    (``primary``); when every failure is one, the earliest of them; None when every host succeeded, or when
-    none failed ``before`` (a lost host's last word: the loss came first)."""
+    """The generation's root cause: the earliest failure by node 0's clock that is not a consequence (``primary``;
+    earliest by :func:`launcher.failuretime.earlier` over each host's record and death times); when every failure
+    is one, the earliest of them; None when every host succeeded, or when none failed ``before`` (a lost host's
+    last word: the loss came first)."""
     failing = [e for e in ends if e.code != 0 and (before is None or e.at < before)]
-    return min([e for e in failing if e.primary] or failing, key=lambda e: e.at, default=None)
+    first = None
+    for end in sorted([e for e in failing if e.primary] or failing, key=lambda e: e.at):
+        if first is None or earlier(failed_at(end), failed_at(first)):
+            first = end
+    return first
+
+
+def failed_at(end: End) -> FailedAt:
+    """A host's first failure on node 0's clock: its record's and death's times, from their ages and the message's
+    arrival (``at`` + ``age``); ``at`` as the record's when neither is known (the generation's end)."""
+    if end.record_age is None and end.death_age is None:
+        return FailedAt(end.at, None)
+    arrival = end.at + end.age
+    return FailedAt(None if end.record_age is None else arrival - end.record_age,
+                    None if end.death_age is None else arrival - end.death_age)
 
 
 def no_progress(ends: Sequence[End]) -> bool:

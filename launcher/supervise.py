@@ -39,6 +39,7 @@ from typing import IO, Callable, Optional, Protocol
 
 from launcher import proctree
 from launcher.command import Launch
+from launcher.deaths import Deaths
 from launcher.logspace import LogTrimmer
 from launcher.outcome import Outcome
 from launcher.workerlogs import LogCopier
@@ -212,6 +213,7 @@ class _StopSignals:
         self.grace_period = grace_period
         self.log = log
         self.signal: Optional[int] = None
+        self.at: Optional[float] = None  # time.time() when the first stop was passed on to the workers
         self.deadline: Optional[float] = None
         self.proc: Optional[subprocess.Popen] = None
         self.deadline_grace = grace_period  # the grace period the deadline was set with
@@ -256,6 +258,8 @@ class _StopSignals:
         self.log(f"received {signal.Signals(signum).name}: forwarded it to {len(workers)} worker(s)")
 
     def _forward(self, signum: int) -> None:
+        if self.at is None:
+            self.at = time.time()
         if self.signal is None:
             self.signal = signum
             self.deadline = time.monotonic() + self.grace_period
@@ -313,12 +317,14 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
     tail = StderrTail()  # torchrun's own stderr: its failure table ends it
     worker_tail = StderrTail()  # the workers' stderr lines, as copied (they came before torchrun's table)
     sinks = (Sink(sys.stdout.buffer), Sink(sys.stderr.buffer))
+    deaths: Optional[Deaths] = None
     try:
         proc = started or start_torchrun(launch.argv, launch.environment(environ))
         stop.proc = proc
         for sig in FORWARD_ONLY:
             signal.signal(sig, stop.relay)
         watchdog.guard(proc.pid)
+        deaths = None if direct else Deaths(proc.pid, launch.nproc_per_node)
         ahead = (" (started ahead: its workers, held before the script, had imported torch)"
                  if started is not None else "")
         log(f"{'the script' if direct else 'torchrun'} started as pid {proc.pid}{ahead}")
@@ -362,8 +368,10 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         proctree.reap_orphans([watchdog.pid])
+        ended = {} if deaths is None else deaths.stop()
     return Outcome(returncode=returncode, pid=proc.pid, stop_signal=stop.signal, killed_after_grace=after_grace,
-                   stderr_tail=worker_tail.lines() + tail.lines(), no_rendezvous=no_rendezvous)
+                   stderr_tail=worker_tail.lines() + tail.lines(), no_rendezvous=no_rendezvous, deaths=ended,
+                   stopped_at=stop.at)
 
 
 def failure_reported(tail: StderrTail) -> bool:

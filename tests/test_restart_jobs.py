@@ -345,6 +345,27 @@ def test_the_first_failure_in_time_is_restarted_whatever_it_says_and_progress_is
         assert len(outcome["restarts"]) == 2
 
 
+def test_a_death_without_an_exit_record_comes_before_the_failures_it_causes(tmp_path: Any) -> None:
+    # Side by side, 2 hosts of 1 rank, no --max-restarts: at step 3 rank 1 (algo-2) sleeps 1 s while rank 0 waits in
+    # the collective, stops its torchrun (SIGSTOP: it never looks at its worker again), then ends in a way that writes
+    # no exit record: SIGKILL, os._exit(3), SIGSEGV. Rank 0 fails on the closed connection at once and writes its
+    # record; algo-1 ends its generation and node 0 stops algo-2's workers, whose torchrun is killed without a table.
+    # Only the kernel's word on the death (launcher/deaths.py: when, how, which rank) dates it before the failure it
+    # caused: both hosts name rank 1, with its own code.
+    expected = {"kill": (137, "was killed by SIGKILL"), "os_exit": (3, "exited with code 3"),
+                "segv": (139, "was killed by SIGSEGV")}
+    jobs = {mode: launch(tmp_path, mode.replace("_", "-"), 2, "--fail", mode, "--fail-after", "1",
+                         "--pause-torchrun", "yes") for mode in expected}
+    for mode, job in jobs.items():
+        result = finish(job)
+        code, words = expected[mode]
+        assert result.exits == {"algo-1": code, "algo-2": code}, (mode, job.sim.stderr[-4000:])
+        assert len(result.outcomes) == 2
+        for host, outcome in result.outcomes.items():
+            assert outcome["exit_code"] == code and outcome["root_cause_host"] == "algo-2", (mode, host, outcome)
+            assert f"rank 1 (local rank 0) {words}" in outcome["root_cause"], (mode, host, outcome)
+
+
 def test_without_restarts_the_first_failure_in_time_is_every_hosts_root_cause_whatever_it_says(tmp_path: Any) -> None:
     # Side by side, no --max-restarts (node 0 still names the root cause for every host):
     # - "hosts": 2 hosts of 1 rank; at step 3 rank 1 (algo-2) raises a network-worded RuntimeError; rank 0 then

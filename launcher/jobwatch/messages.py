@@ -27,7 +27,7 @@ end       hub -> client    (none)                                      every tra
                                                                        is done (groups)
 gen_end   client -> hub    gen, node, host, code, klass, key, head,    this host's torchrun   stamps it; first failure:
                            primary, progress, stopped, age, watched,   of generation ``gen``  ``gen_stop``; all in:
-                           steps                                       ended (restarts)       decides, sends ``gen``
+                           steps, record_age, death_age                ended (restarts)       decides, sends ``gen``
 gen_stop  hub -> client    gen, report                                 first failure of a     stops its workers of
                                                                        generation             that generation
 gen       hub -> client    generation, restart, why, used, cause,      node 0's decision at   restarts (generation + 1)

@@ -13,9 +13,13 @@ launcher (``DDP_LAUNCHER_PROGRESS``) unless ``--beats no``.
 ``--fail MODE`` in the generations ``--fail-in`` (comma list, or ``all``), rank ``--fail-rank``, at the
 generation's own step ``--fail-step`` (counted from where it resumed; 0: before its first step):
 ``exit`` (exit 3), ``raise`` (RuntimeError, same line every time; ``--message`` its text), ``oserror`` (OSError,
-same line every time), ``kill`` (SIGKILL itself), ``hang`` (stops taking part: the others wait in the
+same line every time), ``kill`` (SIGKILL itself), ``os_exit`` (``os._exit(3)``: no exit record, no teardown),
+``segv`` (SIGSEGV itself: as a crash in native code), ``hang`` (stops taking part: the others wait in the
 collective). The failing rank first writes ``DIR/fault.json``
-(when it failed). ``--peer-lost abort``: a rank whose collective fails aborts (SIGABRT, no exception), as NCCL's
+(when it failed). ``--fail-after T``: it first sleeps T s (the others then wait in the collective, and fail on
+the connection it leaves as it dies). ``--pause-torchrun yes``: it then stops its torchrun (SIGSTOP), as a
+torchrun busy elsewhere would not look at its workers: no failure table, until the launcher kills it.
+``--peer-lost abort``: a rank whose collective fails aborts (SIGABRT, no exception), as NCCL's
 error handling ends a rank whose peer went away.
 
 ``--window-in GENS``: in those generations every rank prints ``restart window step=99`` before its process
@@ -102,6 +106,10 @@ def fail(mode, out, message="the same bug every time"):
         raise OSError(5, "Input/output error", "/data/shard-7.bin")
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "os_exit":
+        os._exit(3)
+    if mode == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
     if mode == "hang":
         while True:
             time.sleep(1)
@@ -113,7 +121,10 @@ def main():
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--step-sleep", type=float, default=0.3)
     parser.add_argument("--step-work", type=float, default=0.0)
-    parser.add_argument("--fail", default="none", choices=["none", "exit", "raise", "oserror", "kill", "hang"])
+    parser.add_argument("--fail", default="none",
+                        choices=["none", "exit", "raise", "oserror", "kill", "os_exit", "segv", "hang"])
+    parser.add_argument("--fail-after", type=float, default=0.0)
+    parser.add_argument("--pause-torchrun", default="no", choices=["yes", "no"])
     parser.add_argument("--message", default="the same bug every time")
     parser.add_argument("--fail-rank", type=int, default=1)
     parser.add_argument("--fail-step", type=int, default=3)
@@ -148,6 +159,9 @@ def main():
     resumed = state["step"]
     for step in range(resumed + 1, args.steps + 1):
         if failing and step - resumed == args.fail_step:
+            time.sleep(args.fail_after)  # the others meanwhile wait in the step's collective
+            if args.pause_torchrun == "yes":  # torchrun sees nothing of what follows: it is stopped
+                os.kill(os.getppid(), signal.SIGSTOP)
             fail(args.fail, args.out, args.message)
         if args.step_work:
             time.sleep(args.step_work)  # the step's work, on a line of its own (what the sampler sees)

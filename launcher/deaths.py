@@ -1,0 +1,131 @@
+"""When each of torchrun's workers ended, by the kernel's word: a pidfd per worker (Linux 5.3+).
+
+The root cause is the first failure in time (``launcher.failure``). A worker whose script raises or exits is dated
+by its exit record (``launcher.bootstrap``), written as the script ends. A worker killed by a signal (SIGKILL from
+the OOM killer or a person, SIGSEGV, SIGABRT) or ended by ``os._exit`` writes none, and torchrun notices it only at
+its next look, its teardown after that: by then the peers it left have failed on the closed connection and written
+their records, so the consequence would look first. The kernel closes a dying process's sockets and then wakes
+whoever polls its pidfd, microseconds apart, where a peer needs its network, an exception and a printed traceback
+before its record: a thread here, blocked on the workers' pidfds, dates each death before any consequence of it.
+
+Each death also carries the worker's code, read from the kernel's ``/proc/PID/stat`` (field 52, the wait status)
+while it is a zombie (torchrun reaps at its next look), and its rank, read from its environment when it is first
+seen: a host whose torchrun was stopped before it printed its failure table still knows which worker failed first.
+
+Where pidfds are not available (another kernel or OS) nothing is dated here, and a worker without a record comes
+first within its host and is dated by its generation's end across hosts, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from typing import Optional
+
+from launcher import proctree
+from launcher.outcome import Death
+
+SCAN = 0.05  # seconds between looks for workers torchrun has started, until every one is watched
+
+
+class Deaths:
+    """Watches the workers among the children of ``parent`` (torchrun; ``expected`` of them: ``--nproc-per-node``;
+    a worker has ``RANK`` in its environment) and records when each one ended (``time.time()``, the clock of the
+    exit records' modification times), how, and which rank it was."""
+
+    def __init__(self, parent: int, expected: int) -> None:
+        self.parent, self.expected = parent, expected
+        self._ended: dict[int, Death] = {}
+        self._lock = threading.Lock()
+        self._wake_read, self._wake_write = os.pipe()
+        self._thread: Optional[threading.Thread] = None
+        if hasattr(os, "pidfd_open"):
+            self._thread = threading.Thread(target=self._watch, name="deaths", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> dict[int, Death]:
+        """Stop watching; the watched workers that ended (pid -> :class:`~launcher.outcome.Death`)."""
+        if self._thread is not None:
+            os.write(self._wake_write, b"x")
+            self._thread.join()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+        with self._lock:
+            return dict(self._ended)
+
+    def ended(self) -> dict[int, Death]:
+        """The deaths dated so far (pid -> :class:`~launcher.outcome.Death`)."""
+        with self._lock:
+            return dict(self._ended)
+
+    def _watch(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_read, select.POLLIN)
+        pidfds: dict[int, int] = {}  # fd -> pid
+        ranks: dict[int, tuple[Optional[int], Optional[int]]] = {}
+        seen: set[int] = set()
+        try:
+            while True:
+                if len(ranks) < self.expected:
+                    for pid in proctree.children_of(self.parent):
+                        if pid not in seen:
+                            fd = _open(pid, self.parent)
+                            rank = (None, None) if fd is None else _ranks(pid)
+                            if fd is not None and rank[0] is None:  # not a worker (yet: forked, not exec'd)
+                                os.close(fd)
+                                continue  # looked at again next time
+                            seen.add(pid)
+                            if fd is not None:
+                                pidfds[fd], ranks[pid] = pid, rank
+                                poller.register(fd, select.POLLIN)
+                timeout = SCAN if len(ranks) < self.expected else None
+                ready = poller.poll(None if timeout is None else timeout * 1000)
+                now = time.time()
+                for fd, _events in ready:
+                    if fd == self._wake_read:
+                        return
+                    pid = pidfds[fd]
+                    death = Death(now, _code(pid), *ranks[pid])
+                    with self._lock:
+                        self._ended[pid] = death
+                    poller.unregister(fd)
+                    del pidfds[fd]
+                    os.close(fd)
+        finally:
+            for fd in pidfds:
+                os.close(fd)
+
+
+def _open(pid: int, parent: int) -> Optional[int]:
+    """A pidfd for ``pid`` if it is still ``parent``'s child (not a reused number); None otherwise."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone already, or no pidfds here
+        return None
+    if proctree.parent_of(pid) != parent:
+        os.close(fd)
+        return None
+    return fd
+
+
+
+def _code(pid: int) -> Optional[int]:
+    """A zombie's code, torchrun's way (``-N``: signal N), from its wait status; None once it is reaped."""
+    fields = proctree.stat_fields(pid)
+    if fields is None or len(fields) < 50:  # field 52 (Linux 3.5+), the 50th after the name
+        return None
+    status = int(fields[49])
+    return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
+
+
+def _ranks(pid: int) -> tuple[Optional[int], Optional[int]]:
+    """RANK and LOCAL_RANK from the environment the worker was started with."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            pairs = dict(item.partition(b"=")[::2] for item in fh.read().split(b"\0") if item)
+    except OSError:
+        return None, None
+    values = [pairs.get(name, b"") for name in (b"RANK", b"LOCAL_RANK")]
+    return tuple(int(v) if v.isdigit() else None for v in values)  # type: ignore[return-value]

@@ -1,0 +1,241 @@
+"""The kernel's word on each worker's end (launcher/deaths.py), and what the root cause makes of it.
+
+A real parent process starts real children, as torchrun starts its workers, each with RANK and LOCAL_RANK; the
+test ends them one at a time in every way that writes no exit record (SIGKILL, os._exit, SIGSEGV, SIGABRT) and one
+clean end, and checks each death's moment, code and rank. Then torchrun's failure table, exit records and deaths
+together: the first failure in time wins both ways round, and a torchrun stopped before its table still names
+the worker that failed first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+import pytest
+from conftest import PYTHON, assert_gone
+
+from launcher import failure
+from launcher.command import Launch
+from launcher.deaths import Deaths
+from launcher.outcome import Death, Outcome
+
+# Each child waits for a line on its stdin, then ends its own way.
+ENDS = {
+    "sigkill": "os.kill(os.getpid(), signal.SIGKILL)",
+    "os_exit": "os._exit(3)",
+    "sigsegv": "os.kill(os.getpid(), signal.SIGSEGV)",
+    "abort": "os.abort()",
+    "clean": "sys.exit(0)",
+}
+CODES = {"sigkill": -signal.SIGKILL, "os_exit": 3, "sigsegv": -signal.SIGSEGV, "abort": -signal.SIGABRT, "clean": 0}
+PARENT = """
+import os, subprocess, sys
+ends = sys.argv[1:]
+kids = []
+for rank, end in enumerate(ends):
+    code = "import os, signal, sys; sys.stdin.readline(); " + end
+    env = {**os.environ, "RANK": str(rank + 10), "LOCAL_RANK": str(rank)}
+    kids.append(subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, env=env))
+print(" ".join(str(k.pid) for k in kids), flush=True)
+for kid in kids:  # from the test: a line to end the next child, another to reap it (torchrun looks 10 times a second)
+    sys.stdin.readline()
+    kid.stdin.write(b"go\\n")
+    kid.stdin.flush()
+    sys.stdin.readline()
+    kid.wait()
+    print(kid.pid, flush=True)
+"""
+
+
+def watched() -> set[int]:
+    """The pids this process holds a pidfd for (``/proc/self/fdinfo``'s ``Pid:`` line)."""
+    pids = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:[pidfd]":
+                continue
+            with open(f"/proc/self/fdinfo/{fd}") as fh:
+                pids.update(int(line.split()[1]) for line in fh if line.startswith("Pid:"))
+        except OSError:
+            continue
+    return pids
+
+
+def wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, what
+        time.sleep(0.005)
+
+
+def test_every_way_a_worker_ends_is_dated_with_its_code_and_rank() -> None:
+    names = list(ENDS)
+    parent = subprocess.Popen([PYTHON, "-c", PARENT, *ENDS.values()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    pids: list[int] = []
+    try:
+        fds, threads = set(os.listdir("/proc/self/fd")), threading.active_count()
+        deaths = Deaths(parent.pid, len(names))
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+        marks = []
+        for pid in pids:
+            wait_for(lambda: pid in watched(), f"a pidfd for {pid}")  # noqa: B023 (used at once)
+            marks.append(time.time())
+            parent.stdin.write("end\n")
+            parent.stdin.flush()
+            wait_for(lambda: pid in deaths.ended(), f"the death of {pid}")  # noqa: B023
+            parent.stdin.write("reap\n")
+            parent.stdin.flush()
+            assert int(parent.stdout.readline()) == pid
+        ended = deaths.stop()
+        assert set(os.listdir("/proc/self/fd")) == fds and threading.active_count() == threads  # nothing left
+        parent.stdin.close()
+        assert parent.wait(timeout=30) == 0
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    assert sorted(ended) == sorted(pids)
+    for index, (pid, name) in enumerate(zip(pids, names)):
+        death = ended[pid]
+        assert death.code == CODES[name], (name, death)
+        assert (death.rank, death.local_rank) == (index + 10, index), (name, death)
+        assert death.at >= marks[index], (name, death, marks[index])
+        if index + 1 < len(pids):  # dated before the next child was told to end
+            assert death.at <= marks[index + 1], (name, death, marks[index + 1])
+    assert_gone([parent.pid, *pids])
+
+
+def test_a_process_that_is_not_the_parents_child_is_never_watched() -> None:
+    other = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(30)"])
+    parent = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(30)"])
+    try:
+        deaths = Deaths(parent.pid, 1)
+        time.sleep(0.2)
+        other.kill()
+        other.wait()
+        assert deaths.stop() == {}
+    finally:
+        for proc in (other, parent):
+            proc.kill()
+            proc.wait()
+
+
+# --- the first failure in time, from the table, the exit records and the deaths ---------------------
+
+TABLE = """\
+Failures:
+[1]:
+  time      : 2026-11-28_18:00:00
+  host      : algo-2
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 4462)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4462
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_18:00:00
+  host      : algo-2
+  rank      : 2 (local_rank: 0)
+  exitcode  : 1 (pid: 4461)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================""".splitlines()
+
+
+def launch_in(tmp_path: Any) -> Launch:
+    fields = {"argv": (), "env_changes": {}, "env_removed": (), "run_dir": str(tmp_path),
+              "error_file": str(tmp_path / "torchrun_error.json"), "log_dir": str(tmp_path / "logs")}
+    launch = Launch(**{k: v for k, v in fields.items() if k in Launch._fields})
+    os.makedirs(launch.exit_dir, exist_ok=True)
+    return launch
+
+
+def record(launch: Launch, pid: int, code: int, at: float) -> None:
+    path = os.path.join(launch.exit_dir, f"{pid}.json")
+    with open(path, "w") as fh:
+        fh.write(json.dumps({"code": code, "stderr_offset": 0, "started": 0}))
+    os.utime(path, (at, at))
+
+
+@pytest.mark.parametrize("shape", ["killed-first", "killed-first-stamped-late", "raised-first"])
+def test_the_first_failure_in_time_wins_between_a_record_and_a_death(tmp_path: Any, shape: str) -> None:
+    launch, now = launch_in(tmp_path), time.time()
+    record(launch, 4461, 1, now - 1.0)  # rank 2 raised; it died 0.5 s later (its teardown)
+    # rank 3 was killed: long before; 2 ms before rank 2's record but its stamp 20 ms late; or after rank 2 died
+    died = {"killed-first": now - 1.5, "killed-first-stamped-late": now - 1.002 + 0.02,
+            "raised-first": now - 0.5 + 0.002}[shape]
+    killed_first = shape != "raised-first"
+    deaths = {4462: Death(died, -9, 3, 1), 4461: Death(now - 0.5, 1, 2, 0)}
+    outcome = Outcome(returncode=1, pid=1, stderr_tail=TABLE, deaths=deaths)
+    cause = failure.find_root_cause(outcome, launch)
+    assert (cause.rank, cause.exitcode) == ((3, -9) if killed_first else (2, 1))
+    assert cause.at == pytest.approx(died if killed_first else now - 1.0, abs=0.01)
+    ended = time.monotonic()
+    first = failure.first_failure(outcome, launch.exit_dir, ended)
+    assert ended - first == pytest.approx(time.time() - (died if killed_first else now - 1.0), abs=0.05)
+
+
+def test_without_deaths_a_worker_without_a_record_still_comes_first(tmp_path: Any) -> None:
+    launch = launch_in(tmp_path)
+    record(launch, 4461, 1, time.time())
+    cause = failure.find_root_cause(Outcome(returncode=1, pid=1, stderr_tail=TABLE), launch)
+    assert (cause.rank, cause.exitcode, cause.at) == (3, -9, None)
+
+
+@pytest.mark.parametrize("code", [-signal.SIGKILL, -signal.SIGSEGV, 3])
+def test_a_torchrun_stopped_before_its_table_names_the_worker_that_died_before_the_stop(tmp_path: Any,
+                                                                                       code: int) -> None:
+    launch, now = launch_in(tmp_path), time.time()
+    deaths = {7001: Death(now - 2.0, code, 5, 1),  # its own end, before the stop
+              7000: Death(now - 0.5, -signal.SIGTERM, 4, 0)}  # the stop's
+    outcome = Outcome(returncode=-signal.SIGKILL, pid=1, stop_signal=signal.SIGTERM, deaths=deaths,
+                      stopped_at=now - 1.0)
+    cause = failure.find_root_cause(outcome, launch)
+    assert (cause.rank, cause.local_rank, cause.exitcode) == (5, 1, code)
+    assert failure.failed_before_stop(outcome, cause)
+    # every death after the stop: torchrun killed by the launcher, as before
+    late = outcome._replace(deaths={7001: deaths[7001]._replace(at=now - 0.2), 7000: deaths[7000]})
+    cause = failure.find_root_cause(late, launch)
+    assert cause.rank is None and not failure.failed_before_stop(late, cause)
+
+
+FORKS = """
+import os, subprocess, sys, time
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # no RANK: not a worker
+pid = os.fork()
+if pid == 0:  # a worker forked, and exec'd only later (torchrun's Popen between its fork and its exec)
+    time.sleep(0.5)
+    env = {**os.environ, "RANK": "7", "LOCAL_RANK": "1"}
+    os.execve(sys.executable, [sys.executable, "-c", "import os, time; time.sleep(0.5); os._exit(5)"], env)
+print(helper.pid, pid, flush=True)
+sys.stdin.readline()  # the test has seen the death: reap
+os.waitpid(pid, 0)
+helper.kill()
+helper.wait()
+"""
+
+
+def test_only_workers_are_watched_even_one_seen_before_its_exec() -> None:
+    parent = subprocess.Popen([PYTHON, "-c", FORKS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        deaths = Deaths(parent.pid, 1)
+        helper, worker = (int(pid) for pid in parent.stdout.readline().split())
+        wait_for(lambda: worker in deaths.ended(), "the worker's death")
+        parent.stdin.write("reap\n")
+        parent.stdin.flush()
+        assert parent.wait(timeout=30) == 0
+        ended = deaths.stop()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    assert list(ended) == [worker] and (ended[worker].code, ended[worker].rank) == (5, 7), ended
+    assert_gone([parent.pid, helper, worker])
