@@ -22,7 +22,7 @@ import os
 import select
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from launcher import proctree
 from launcher.outcome import Death
@@ -33,10 +33,11 @@ SCAN = 0.05  # seconds between looks for workers torchrun has started, until eve
 class Deaths:
     """Watches the workers among the children of ``parent`` (torchrun; ``expected`` of them: ``--nproc-per-node``;
     a worker has ``RANK`` in its environment) and records when each one ended (``time.time()``, the clock of the
-    exit records' modification times), how, and which rank it was."""
+    exit records' modification times), how, and which rank it was; ``on_death`` is called (from its thread) after
+    each."""
 
-    def __init__(self, parent: int, expected: int) -> None:
-        self.parent, self.expected = parent, expected
+    def __init__(self, parent: int, expected: int, on_death: Optional[Callable[[], None]] = None) -> None:
+        self.parent, self.expected, self.on_death = parent, expected, on_death
         self._ended: dict[int, Death] = {}
         self._lock = threading.Lock()
         self._wake_read, self._wake_write = os.pipe()
@@ -90,6 +91,8 @@ class Deaths:
                     death = Death(now, _code(pid), *ranks[pid])
                     with self._lock:
                         self._ended[pid] = death
+                    if self.on_death is not None:
+                        self.on_death()
                     poller.unregister(fd)
                     del pidfds[fd]
                     os.close(fd)

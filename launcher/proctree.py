@@ -173,8 +173,9 @@ def state(pid: int) -> Optional[str]:
     return fields[0][:1].decode() if fields else None
 
 
-def wait_exit(proc: subprocess.Popen, timeout: float) -> Optional[int]:
-    """``proc``'s return code once it exits within ``timeout`` seconds, else None.
+def wait_exit(proc: subprocess.Popen, timeout: float, wake: Optional[int] = None) -> Optional[int]:
+    """``proc``'s return code once it exits within ``timeout`` seconds, else None; sooner (None) when the
+    file descriptor ``wake`` becomes readable (the caller drains it).
 
     Woken by the exit itself (a pidfd, Linux 5.3+), not by polling: ``Popen.wait(timeout)`` polls
     with sleeps of up to 50 ms, so the end of every job was noticed up to 50 ms late.
@@ -188,7 +189,7 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> Optional[int]:
             import select  # the pidfd path only
 
             try:
-                select.select([fd], [], [], timeout)
+                select.select([fd] if wake is None else [fd, wake], [], [], timeout)
             finally:
                 os.close(fd)
             return proc.poll()

@@ -176,8 +176,9 @@ def _deliver(sink: Sink, tail: Optional[StderrTail], feed: Optional[Callable[[by
 
 
 def _pump(source: IO[bytes], sink: Optional[IO[bytes]], tail: Optional[StderrTail],
-          feed: Optional[Callable[[bytes], None]] = None) -> None:
-    """Copy bytes unmodified as they come, in bounded chunks; feed the tail and ``feed`` when asked.
+          feed: Optional[Callable[[bytes], None]] = None, fed: Optional[Callable[[], None]] = None) -> None:
+    """Copy bytes unmodified as they come, in bounded chunks; feed the tail and ``feed`` when asked, then call
+    ``fed`` (torchrun's failure table may have ended: the supervisor looks at once).
 
     When the sink fails (our own stream closed or broken), keep reading: torchrun must never block
     on a full pipe.
@@ -197,9 +198,43 @@ def _pump(source: IO[bytes], sink: Optional[IO[bytes]], tail: Optional[StderrTai
             tail.feed(chunk)
         if feed is not None:
             feed(chunk)
+        if fed is not None:
+            fed()
         if len(chunk) < PUMP_CHUNK // 4:
             time.sleep(PUMP_GATHER)  # let a trickle of lines gather: a read and a write per line costs CPU
     source.close()
+
+
+class _Wake:
+    """A pipe that wakes the supervisor's wait before its tick; pokes from any thread (never blocks, never fails)."""
+
+    def __init__(self) -> None:
+        self.read, self.write = os.pipe()
+        os.set_blocking(self.read, False)
+        os.set_blocking(self.write, False)
+        self.lock = threading.Lock()  # a late poke (a pump still draining) never writes to a reused number
+        self.closed = False
+
+    def poke(self) -> None:
+        if not self.lock.acquire(blocking=False):  # a poke from a signal handler while another thread pokes
+            return
+        try:
+            if not self.closed:
+                with contextlib.suppress(OSError):  # full: a wake is pending anyway
+                    os.write(self.write, b"x")
+        finally:
+            self.lock.release()
+
+    def drain(self) -> None:
+        with contextlib.suppress(OSError):
+            while os.read(self.read, 4096):
+                pass
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            os.close(self.write)
+            os.close(self.read)
 
 
 class _StopSignals:
@@ -219,6 +254,7 @@ class _StopSignals:
         self.deadline_grace = grace_period  # the grace period the deadline was set with
         self.requested = False  # a stop the launcher decided (request): no need to wait for torchrun's shutdown
         self.lock = threading.RLock()  # the signal handler (main thread) and request (the job watch's)
+        self.wake: Optional[Callable[[], None]] = None  # the supervisor's wait looks again at once
 
     def __call__(self, signum: int, _frame: object = None) -> None:
         with self.lock:
@@ -258,6 +294,8 @@ class _StopSignals:
         self.log(f"received {signal.Signals(signum).name}: forwarded it to {len(workers)} worker(s)")
 
     def _forward(self, signum: int) -> None:
+        if self.wake is not None:  # the wait looks at the new deadline, and at the workers, at once
+            self.wake()
         if self.at is None:
             self.at = time.time()
         if self.signal is None:
@@ -318,13 +356,15 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
     worker_tail = StderrTail()  # the workers' stderr lines, as copied (they came before torchrun's table)
     sinks = (Sink(sys.stdout.buffer), Sink(sys.stderr.buffer))
     deaths: Optional[Deaths] = None
+    wake = _Wake()  # what the wait below looks at sooner than its tick: a death, a stop, torchrun's table
+    stop.wake = wake.poke
     try:
         proc = started or start_torchrun(launch.argv, launch.environment(environ))
         stop.proc = proc
         for sig in FORWARD_ONLY:
             signal.signal(sig, stop.relay)
         watchdog.guard(proc.pid)
-        deaths = None if direct else Deaths(proc.pid, launch.nproc_per_node)
+        deaths = None if direct else Deaths(proc.pid, launch.nproc_per_node, wake.poke)
         ahead = (" (started ahead: its workers, held before the script, had imported torch)"
                  if started is not None else "")
         log(f"{'the script' if direct else 'torchrun'} started as pid {proc.pid}{ahead}")
@@ -339,14 +379,15 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
             trimmer = LogTrimmer(proc.pid, launch.log_dir, log, copier.positions, copier.copying,
                                  lambda: stop.signal is not None)
         pumps = [threading.Thread(target=_pump, args=(proc.stdout, sinks[0], None, feeds[0]), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr, sinks[1], tail, feeds[1]), daemon=True)]
+                 threading.Thread(target=_pump, args=(proc.stderr, sinks[1], tail, feeds[1], wake.poke),
+                                  daemon=True)]
         if hangs is not None:
             hangs.attach(stop.request, proc.pid)
         for pump in pumps:
             pump.start()
         rendezvous_by = None if rendezvous_timeout is None else time.monotonic() + rendezvous_timeout
         reported = functools.partial(failure_reported, tail) if quick_end and not direct else None
-        returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by, reported)
+        returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by, reported, wake)
         if trimmer is not None:
             trimmer.stop()
         leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
@@ -369,6 +410,8 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
             signal.signal(sig, handler)
         proctree.reap_orphans([watchdog.pid])
         ended = {} if deaths is None else deaths.stop()
+        stop.wake = None
+        wake.close()
     return Outcome(returncode=returncode, pid=proc.pid, stop_signal=stop.signal, killed_after_grace=after_grace,
                    stderr_tail=worker_tail.lines() + tail.lines(), no_rendezvous=no_rendezvous, deaths=ended,
                    stopped_at=stop.at)
@@ -385,7 +428,7 @@ def failure_reported(tail: StderrTail) -> bool:
 
 def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None],
           watchdog: proctree.Watchdog, rendezvous_by: Optional[float] = None,
-          reported: Optional[Callable[[], bool]] = None) -> tuple[int, bool, bool]:
+          reported: Optional[Callable[[], bool]] = None, wake: Optional[_Wake] = None) -> tuple[int, bool, bool]:
     """Wait for torchrun; reap orphans (the living ones go to the watchdog), settle a frozen torchrun,
     enforce the grace period and the rendezvous deadline.
 
@@ -396,7 +439,9 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
     while True:
         deadline = stop.deadline
         timeout = TICK if deadline is None else max(0.0, min(TICK, deadline - time.monotonic()))
-        returncode = proctree.wait_exit(proc, timeout)
+        returncode = proctree.wait_exit(proc, timeout, None if wake is None else wake.read)
+        if wake is not None:
+            wake.drain()
         if returncode is not None:
             return returncode, after_grace, no_rendezvous
         proctree.reap_orphans([proc.pid, watchdog.pid], watchdog)
