@@ -349,33 +349,6 @@ def _entry_pid(entry: dict[str, str]) -> Optional[int]:
     return int(match.group(2)) if match else None
 
 
-class NewFailures:
-    """The exit directory looked at again and again while a generation runs (:meth:`first`): a worker's record
-    with a non-zero code is its failure, seen before torchrun has noticed it and stopped the others."""
-
-    def __init__(self, exit_dir: str) -> None:
-        self.exit_dir = exit_dir
-        self.seen: set[str] = set()  # records read: a success, or a failure already told
-        self.told = False
-
-    def first(self) -> Optional[int]:
-        """The code of the first failed worker's record, once (None before it, and ever after)."""
-        if self.told:
-            return None
-        with contextlib.suppress(OSError):
-            for name in os.listdir(self.exit_dir):
-                if name in self.seen or not (name.endswith(".json") and name[:-5].isdigit()):
-                    continue
-                record = read_exit_record(self.exit_dir, int(name[:-5]))
-                if record is None:
-                    continue  # not a record (the bootstrap writes each one whole, by rename)
-                self.seen.add(name)
-                if record["code"] != 0:
-                    self.told = True
-                    return int(record["code"])
-        return None
-
-
 def failed_at(exit_dir: str, pid: int) -> Optional[float]:
     """When worker ``pid``'s script ended with a non-zero code (``time.time()``: its exit record's modification
     time); None without such a record."""

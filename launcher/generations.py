@@ -29,7 +29,7 @@ from launcher.failuretime import FailedAt
 from launcher.jobwatch import report_head
 from launcher.outcome import Outcome
 from launcher.progress import BeatSocket, Progress
-from launcher.runcontext import Hangs, JobWatch, Run
+from launcher.runcontext import Hangs, Run
 from launcher.supervise import STOP_SIGNALS, supervise
 
 DECISION_MARGIN = 30.0  # seconds past the loss timeout and the grace period that node 0's decision may take
@@ -147,8 +147,7 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
                 run = run.with_generation(launch, hangs)
             if spans is not None and decided_at is not None:
                 spans["new_torchrun"] = round(max(0.0, time.monotonic() - decided_at), 3)
-            steps = _steps(launch.run_dir, run.hangs, log, pending, failed_at, spans,
-                           _teller(launch.exit_dir, watch, c.current_host, generation))
+            steps = _steps(launch.run_dir, run.hangs, log, pending, failed_at, spans)
             history.memory = oom.snapshot()  # a SIGKILL of this generation is told apart by its own count
             started = None
             if ready is not None:
@@ -207,29 +206,14 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
             signal.signal(sig, handler)
 
 
-def _teller(exit_dir: str, watch: Optional[JobWatch], host: str, generation: int) -> Optional[Callable[[], None]]:
-    """What tells the other hosts at once that a worker of this generation failed here (its exit record), so
-    that they stop theirs while this host's torchrun is still noticing it and tearing down; None alone."""
-    if watch is None:
-        return None
-    records = failure.NewFailures(exit_dir)
-
-    def look() -> None:
-        code = records.first()
-        if code is not None:
-            watch.generation_failed(f"{host}: a worker of generation {generation} exited with code {code}")
-    return look
-
-
 def _steps(run_dir: str, hangs: Optional[Hangs], log: Callable[[str], None], pending: str,
-           failed_at: Optional[float], spans: Optional[dict[str, Optional[float]]],
-           look: Optional[Callable[[], None]]) -> restart.Steps:
+           failed_at: Optional[float], spans: Optional[dict[str, Optional[float]]]) -> restart.Steps:
     """This generation's progress: hang detection's beats, else a beat socket of its own."""
     if hangs is not None:
-        return restart.Steps(hangs.progress, None, log, pending, failed_at, spans, look)
+        return restart.Steps(hangs.progress, None, log, pending, failed_at, spans)
     beats = None
     try:
         beats = BeatSocket(run_dir)
     except OSError as exc:
         log(f"progress beats off: {exc}; a repeated failure counts as one without progress")
-    return restart.Steps(Progress(), beats, log, pending, failed_at, spans, look)
+    return restart.Steps(Progress(), beats, log, pending, failed_at, spans)

@@ -212,10 +212,8 @@ class Steps:
 
     def __init__(self, progress: Progress, beats: Optional[BeatSocket], log: Callable[[str], None],
                  pending: str = "", failed_at: Optional[float] = None,
-                 phases: Optional[dict[str, Optional[float]]] = None,
-                 look: Optional[Callable[[], None]] = None) -> None:
+                 phases: Optional[dict[str, Optional[float]]] = None) -> None:
         self.progress, self.beats, self.log = progress, beats, log
-        self.look = look  # called every turn of the thread (0.1 s): the generation's first failure, told at once
         self.pending, self.failed_at = pending, failed_at  # the restart line, said at the first step
         self.phases = phases  # this restart's phases so far; the first step's is added here
         self.started = time.monotonic()  # the generation's torchrun starts now
@@ -244,8 +242,6 @@ class Steps:
                     self.beats.drain(self.progress)
             else:
                 self.done.wait(0.1)
-            if self.look is not None:
-                self.look()
             self._said()
 
     def _said(self) -> None:

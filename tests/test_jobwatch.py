@@ -176,29 +176,6 @@ def test_a_generation_is_stopped_once_however_many_hosts_fail_in_it(watches):
     assert told == [0]  # the decision came after the others' ends, on the same stream: no second stop
 
 
-@pytest.mark.parametrize("failing", [1, 0], ids=["a-client", "node-0"])
-def test_a_workers_failure_stops_the_other_hosts_before_its_own_torchrun_has_ended(watches, failing):
-    """A worker's exit record with a non-zero code (generation_failed, before its torchrun's end): every other
-    host's workers of that generation are stopped at once, the failing host's are left to end by themselves;
-    a second early failure of the same generation stops nothing more."""
-    hub, hub_rec = watches(0)
-    clients = [watches(node) for node in (1, 2)]
-    until(lambda: all(joined(w) for w, _ in clients) and len(hub.states) == 2)
-    recorders = {0: hub_rec, 1: clients[0][1], 2: clients[1][1]}
-    watch = {0: hub, 1: clients[0][0], 2: clients[1][0]}
-    watch[failing].generation_failed(f"algo-{failing + 1}: a worker of generation 0 exited with code 3")
-    others = [n for n in recorders if n != failing]
-    until(lambda: all(recorders[n].stops for n in others))
-    for n in others:
-        (grace, why), = recorders[n].stops
-        assert grace == jobwatch.REMOTE_GRACE and f"algo-{failing + 1}: a worker of generation 0 exited" in why
-        assert watch[n].stopped_job
-    watch[others[-1]].generation_failed("a second one")  # stopped already: no new order anywhere
-    time.sleep(1.0)
-    assert not recorders[failing].stops and not watch[failing].stopped_job
-    assert all(len(recorders[n].stops) == 1 for n in others)
-
-
 NODE = os.path.join(REPO, "tests", "scripts", "watch_node.py")
 
 

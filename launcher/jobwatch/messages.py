@@ -30,10 +30,6 @@ gen_end   client -> hub    gen, node, host, code, klass, key, head,    this host
                            steps, record_age, death_age                ended (restarts)       decides, sends ``gen``
 gen_stop  hub -> client    gen, report                                 first failure of a     stops its workers of
                                                                        generation             that generation
-gen_stop  client -> hub    gen, report                                 a worker of this host  first failure of ``gen``:
-                                                                       failed (its exit       ``gen_stop`` to the
-                                                                       record), before its    others
-                                                                       torchrun ended
 gen       hub -> client    generation, restart, why, used, cause,      node 0's decision at   restarts (generation + 1)
                            cause_age                                   a generation's end     or ends the job
 hang      both ways        phase, ... (freeze, dump, verdict; frozen,  hang detection         :mod:`launcher.hangwatch`

@@ -39,7 +39,6 @@ class Restarts:
         self.policy: Optional[Policy] = None  # node 0's rules (launcher/restart.py)
         self.gen_ends: dict[int, dict[int, dict]] = {}  # node 0: every node's end of each generation
         self.end_sent: Optional[dict] = None  # a client: this host's gen_end last sent to the hub
-        self.early: Optional[dict] = None  # this host's first worker failure, to be told (gen_stop) by the loop
 
     # -- the main thread's side --
     def end_generation(self, end: dict, timeout: float) -> Optional[dict]:
@@ -54,12 +53,6 @@ class Restarts:
             while gen not in self.decisions and not watch.events and not watch.off and time.monotonic() < deadline:
                 watch.cond.wait(max(0.0, min(0.1, deadline - time.monotonic())))
             return self.decisions.get(gen)
-
-    def failed_early(self, head: str) -> None:
-        """See :meth:`launcher.jobwatch.Watch.generation_failed`."""
-        with self.watch.cond:
-            self.early = messages.GenStop(self.generation, head[:messages.REPORT_CHARS]).encode()
-        self.watch.wake()
 
     def attached(self, request: StopRequest) -> None:
         """Supervise attached a stop hook: the workers of a generation already ordered to stop stop now."""
@@ -77,9 +70,6 @@ class Restarts:
             self._generation_end(node, message)
         elif kind == "gen_stop" and self.watch.role == "client":
             self._gen_stop(int(message["gen"]), str(message["report"])[:messages.REPORT_CHARS])
-        elif kind == "gen_stop":  # a client's worker failed: the generation's first failure, maybe
-            stop = messages.GenStop.decode(message)
-            self._first_failure(node, stop.gen, stop.report)
         elif kind == "gen" and self.watch.role == "client":
             self._decided(message)
 
@@ -100,23 +90,16 @@ class Restarts:
     def tick(self) -> list[dict]:
         """Once per loop turn: node 0 takes its own end and decides; a client returns its end when not yet sent."""
         with self.watch.cond:
-            end, early = self.my_end, self.early
-            if early is not None and (self.watch.role == "hub" or self.watch.connected()):
-                self.early = None
-            else:
-                early = None
+            end = self.my_end
         if self.watch.role == "hub":
-            if early is not None:  # node 0's own worker failed: the others stop; its own end by themselves
-                self._first_failure(0, int(early["gen"]), str(early["report"]), stop_here=False)
             if end is not None and 0 not in self.gen_ends.get(int(end["gen"]), {}):
                 self._generation_end(0, end)
             self._decide()
             return []
-        out = [early] if early is not None else []
         if end is not None and end is not self.end_sent and self.watch.connected():
             self.end_sent = end
-            out.append(end)
-        return out
+            return [end]
+        return []
 
     def _gen_stop(self, gen: int, head: str) -> None:
         """Generation ``gen`` failed somewhere: stop this host's workers of it (now, or when they start)."""
@@ -152,21 +135,11 @@ class Restarts:
         # raises on a malformed one; ``at``: when its first failure was, on this (node 0's) clock
         end = restart.end_of({**message, "node": node})
         ends[node] = end._replace(at=time.monotonic() - end.age).message()
-        if int(message["code"]) != 0:
-            self._first_failure(node, gen, str(message.get("head", ""))[:messages.REPORT_CHARS])
-        self._decide()
-
-    def _first_failure(self, node: int, gen: int, head: str, stop_here: bool = True) -> None:
-        """Node 0: generation ``gen`` failed on ``node``: if it is the generation's first failure, every other
-        host stops its workers of it (and this one, unless its own failed: ``stop_here`` False)."""
-        if gen < self.generation or gen <= self.stop_gen:
-            return
-        self.watch.post_now(messages.GenStop(gen, head).encode(), skip=node)
-        if stop_here:
+        if int(message["code"]) != 0 and gen >= self.generation and gen > self.stop_gen:  # the first failure only
+            head = str(message.get("head", ""))[:messages.REPORT_CHARS]
+            self.watch.post_now(messages.GenStop(gen, head).encode(), skip=node)
             self._gen_stop(gen, head)
-        else:
-            with self.watch.cond:
-                self.stop_gen = gen
+        self._decide()
 
     def _decide(self) -> None:
         """Node 0, once every node's end of the current generation is in (or a host is lost): the decision."""

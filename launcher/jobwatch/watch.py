@@ -56,8 +56,6 @@ class Coordination(Protocol):
 
     def end_generation(self, end: dict, timeout: float) -> Optional[dict]: ...
 
-    def failed_early(self, head: str) -> None: ...
-
     def attached(self, request: StopRequest) -> None: ...
 
     def on_message(self, node: int, message: dict) -> None: ...
@@ -206,12 +204,6 @@ class Watch:
         failure came first, no decision in time, or this watch carries no restarts. A restart moves this watch
         to the next generation (:mod:`launcher.jobwatch.restarts`)."""
         return None if self.coordination is None else self.coordination.end_generation(end, timeout)
-
-    def generation_failed(self, head: str) -> None:
-        """A worker of this host's generation has failed (its exit record), before its torchrun ended: the other
-        hosts stop theirs now (``head``: one line, what failed), not after this host's teardown."""
-        if self.coordination is not None:
-            self.coordination.failed_early(head)
 
     @property
     def decisions(self) -> dict[int, dict]:
