@@ -79,9 +79,7 @@ def _own_end(run: Run, launch: Launch, outcome: Outcome, steps: restart.Steps, m
     node, host = c.node_rank, c.current_host
     moved, watched, count = steps.moved(), steps.watched(), steps.progress.steps
     age = round(max(0.0, time.monotonic() - failed), 3)
-    now = time.time()
-    record_age, death_age = (None, None) if first is None else (
-        None if t is None else round(max(0.0, now - t), 3) for t in first)
+    record_at, death_at = (None, None) if first is None else first
     if hangs is not None and hangs.verdict:
         from launcher.hangwatch import report as hang_report
 
@@ -99,7 +97,7 @@ def _own_end(run: Run, launch: Launch, outcome: Outcome, steps: restart.Steps, m
     primary = not by_watch and (outcome.stop_signal is not None or (cause is not None and cause.rank is not None))
     return restart.End(node, host, code, klass, key, report_head(text), primary, moved,
                        stopped=outcome.stop_signal is not None and not by_watch, age=age, watched=watched,
-                       steps=count, record_age=record_age, death_age=death_age)
+                       steps=count, record_at=record_at, death_at=death_at)
 
 
 def _fresh(launch: Launch) -> None:

@@ -64,8 +64,8 @@ class End(NamedTuple):
     at: float = 0.0  # when that failure was, on node 0's clock (node 0 sets it on arrival: now - age)
     watched: bool = True  # the sampler or a beat heard a rank of this host: "no step" is evidence
     steps: int = 0  # step-like events of this host's ranks in the generation
-    record_age: Optional[float] = None  # that first failure by its two clocks (launcher/failuretime.py), seconds
-    death_age: Optional[float] = None  # before this message: its exit record's, its death's (None: unknown)
+    record_at: Optional[float] = None  # that first failure by its two clocks (launcher/failuretime.py): its exit
+    death_at: Optional[float] = None  # record's and its death's time.time(), None: unknown (node 0's clock at node 0)
 
     def message(self) -> dict:
         """As the job watch carries it."""
@@ -78,12 +78,17 @@ def end_of(message: dict) -> End:
                str(message["key"])[:300], str(message["head"])[:600], bool(message["primary"]),
                bool(message["progress"]), bool(message["stopped"]), _seconds(message.get("age", 0.0)),
                float(message.get("at", 0.0)), bool(message.get("watched", True)), int(message.get("steps", 0)),
-               _maybe_seconds(message.get("record_age")), _maybe_seconds(message.get("death_age")))
+               _maybe_time(message.get("record_at")), _maybe_time(message.get("death_at")))
 
 
-def _maybe_seconds(value: object) -> Optional[float]:
-    """A duration from a message, or None (raises ValueError on a bad one)."""
-    return None if value is None else _seconds(value)
+def _maybe_time(value: object) -> Optional[float]:
+    """A ``time.time()`` from a message, or None (raises ValueError on a bad one)."""
+    if value is None:
+        return None
+    seconds = float(value)  # type: ignore[arg-type]
+    if not 0.0 <= seconds < 1e11:
+        raise ValueError("not a time")
+    return seconds
 
 
 def _seconds(value: object) -> float:
@@ -172,13 +177,12 @@ def root_cause(ends: Sequence[End], before: Optional[float] = None) -> Optional[
 
 
 def failed_at(end: End) -> FailedAt:
-    """A host's first failure on node 0's clock: its record's and death's times, from their ages and the message's
-    arrival (``at`` + ``age``); ``at`` as the record's when neither is known (the generation's end)."""
-    if end.record_age is None and end.death_age is None:
+    """A host's first failure on node 0's clock: its record's and death's times (node 0 placed them on its own
+    clock on arrival: :meth:`launcher.jobwatch.hub.Hub.clock_offset`); ``at`` as the record's when neither is known
+    (the generation's end; ``at`` is node 0's monotonic clock, so then neither is known for any host)."""
+    if end.record_at is None and end.death_at is None:
         return FailedAt(end.at, None)
-    arrival = end.at + end.age
-    return FailedAt(None if end.record_age is None else arrival - end.record_age,
-                    None if end.death_age is None else arrival - end.death_age)
+    return FailedAt(end.record_at, end.death_at)
 
 
 def no_progress(ends: Sequence[End]) -> bool:

@@ -52,19 +52,19 @@ def test_never_both_ways(r1, d1, r2, d2) -> None:  # type: ignore[no-untyped-def
     assert not (earlier(a, b) and earlier(b, a))
 
 
-def end(node: int, age: float, record_age, death_age, primary: bool = True) -> restart.End:  # type: ignore[no-untyped-def]
+def end(node: int, age: float, record_at, death_at, primary: bool = True) -> restart.End:  # type: ignore[no-untyped-def]
     return restart.End(node, f"algo-{node + 1}", 1, codes.WORKER_EXIT, "exit 1", "failed", primary, False,
-                       age=age, at=100.0 - age, record_age=record_age, death_age=death_age)
+                       age=age, at=100.0 - age, record_at=record_at, death_at=death_at)
 
 
 def test_node_0_names_the_killed_host_whose_death_came_first_by_its_own_clock() -> None:
-    # arrival at 100 on node 0's clock for both; algo-2's worker killed at 99.000 (no record), algo-1's worker
-    # raised on the closed connection at 99.002 and was stopped at 99.5
-    killed = end(1, age=1.0, record_age=None, death_age=1.0)
-    peer = end(0, age=0.998, record_age=0.998, death_age=0.5)
+    # algo-2's worker killed at 99.000 (no record), algo-1's worker raised on the closed connection at 99.002 and
+    # was stopped at 99.5 (the times as node 0 placed them on its clock)
+    killed = end(1, age=1.0, record_at=None, death_at=99.0)
+    peer = end(0, age=0.998, record_at=99.002, death_at=99.5)
     assert restart.root_cause([peer, killed]) is killed
     assert restart.root_cause([killed, peer]) is killed
     # the message whose failure has no clock at all is placed at its generation's end (``at``)
-    late = end(1, age=0.1, record_age=None, death_age=None)
+    late = end(1, age=0.1, record_at=None, death_at=None)
     assert restart.root_cause([peer, late]) is peer
     assert restart.failed_at(late) == FailedAt(99.9, None)

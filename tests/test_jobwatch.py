@@ -176,6 +176,52 @@ def test_a_generation_is_stopped_once_however_many_hosts_fail_in_it(watches):
     assert told == [0]  # the decision came after the others' ends, on the same stream: no second stop
 
 
+def test_node_0_orders_failures_by_its_own_clock_whatever_the_hosts_clocks_say(watches):
+    """Restarts: algo-2's clock runs 5 s ahead of node 0's, algo-3's 3 s behind. algo-2's worker was killed (a
+    death, no record) 50 ms before algo-3's worker raised. Each host stamps its beats and its end with its own
+    clock (``w``); node 0 places both failures on its clock by the least (arrival - ``w``) and names algo-2.
+    Taken as they are, algo-2's 5 s ahead would name algo-3."""
+    from launcher import restart
+
+    hub, _ = watches(0, nnodes=3)
+    policy = restart.Policy(0, ["worker"])
+    hub.set_policy(lambda gen, ends, lost_at: policy.decide(gen, [restart.end_of(e) for e in ends], lost_at is not None,
+                                                           lost_at).message())
+    skews = {1: 5.0, 2: -3.0}
+    clients = {node: raw_client(watches.port, node=node, nnodes=3) for node in skews}
+
+    def send(node: int, message: dict) -> None:
+        clients[node].sendall(json.dumps({**message, "w": time.time() + skews[node]}).encode() + b"\n")
+
+    for _ in range(3):
+        for node in skews:
+            send(node, {"t": "hb"})
+        time.sleep(0.05)
+    until(lambda: all(abs(hub.clock_offset(node) + skew) < 0.5 for node, skew in skews.items()))
+    for node, skew in skews.items():
+        assert -skew <= hub.clock_offset(node) < -skew + 0.5  # an upper bound: the difference plus a transit
+    killed = time.time() - 1.0
+    for node, (record, death) in ((2, (killed + 0.05, killed + 0.5)), (1, (None, killed))):
+        end = restart.End(node, f"algo-{node + 1}", 1, "worker", "SIGKILL" if record is None else "OSError@x.py:3",
+                          f"algo-{node + 1}: failed", True, False, age=0.5,
+                          record_at=None if record is None else record + skews[node], death_at=death + skews[node])
+        send(node, {"t": "gen_end", "gen": 0, **end.message()})
+    ours = restart.End(0, "algo-1", 0, "success", "", "", True, True).message()
+    decision = hub.end_generation(ours, 30.0)
+    assert decision is not None and decision["cause"]["host"] == "algo-2", decision
+    for sock in clients.values():
+        sock.close()
+
+
+def test_clocks_that_agree_are_taken_as_they_are(watches):
+    """On one machine (or NTP's few milliseconds) node 0 corrects nothing: the least transit is no skew."""
+    hub, _ = watches(0, nnodes=2)
+    client, _ = watches(1, nnodes=2)
+    until(lambda: joined(client) and len(hub.states) == 1)
+    until(lambda: hub.nodes[1].behind < 1.0)  # its first beat (every second) was heard
+    assert 0.0 <= hub.nodes[1].behind and hub.clock_offset(1) == 0.0
+
+
 NODE = os.path.join(REPO, "tests", "scripts", "watch_node.py")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import selectors
 import socket
 import time
@@ -25,6 +26,8 @@ from launcher.jobwatch.watch import (
     _text,
 )
 
+SAME_CLOCK = 0.02  # seconds: a client's clock this close behind node 0's (the least transit seen) is node 0's
+
 
 class _Node:
     """What the hub knows of one client node: its state, its current connection, when it was heard."""
@@ -35,6 +38,7 @@ class _Node:
         self.conn: Optional[_Conn] = None
         self.heard = now
         self.suspect = False
+        self.behind = float("inf")  # the least (this clock's time.time() on reading - the sender's ``w``) seen
 
 
 class Hub(Watch):
@@ -58,6 +62,17 @@ class Hub(Watch):
     def states(self) -> dict[int, str]:
         """node -> running, done, failed or lost: every node that joined."""
         return {node: n.state for node, n in list(self.nodes.items())}
+
+    def clock_offset(self, node: int) -> float:
+        """What to add to ``node``'s ``time.time()`` to place it on this clock. A client stamps its beats and
+        its ``gen_end`` with its clock (``w``); the least (arrival here - ``w``) is the clocks' difference plus
+        the quickest transit seen, an upper bound on the difference that beats every second make tight
+        whatever the load. Clocks that agree within :data:`SAME_CLOCK` (the same machine, NTP) are taken as
+        they are: one clock orders failures a few milliseconds apart exactly, a correction would not."""
+        known = self.nodes.get(node)
+        if known is None or not math.isfinite(known.behind) or 0.0 <= known.behind <= SAME_CLOCK:
+            return 0.0
+        return known.behind
 
     def members(self) -> int:
         """Itself and every node that joined (see :meth:`launcher.jobwatch.Watch.members`)."""
@@ -166,6 +181,9 @@ class Hub(Watch):
         if known.conn is not conn:
             return
         self._heard(conn.node, known)
+        sent = message.get("w")
+        if isinstance(sent, (int, float)) and not isinstance(sent, bool) and math.isfinite(sent):
+            known.behind = min(known.behind, time.time() - sent)
         kind = message["t"]
         if kind == "failed" and known.state == "running":
             event = _event({**message, "node": conn.node, "host": known.host}, self.nnodes)

@@ -17,7 +17,7 @@ refused   hub -> client    why                                         a hello o
                                                                        job (untagged)
 replaced  hub -> client    (none)                                      a newer connection of  drops this connection
                                                                        the node came
-hb        both ways        extensions' fields (hang: ``age``)          every second           clears suspicion
+hb        both ways        extensions' fields (hang: ``age``); a      every second           clears suspicion;
 failed    both ways        kind, node, host, code, report, primary     a host's workers       records the cause, stops
                                                                        failed                 its workers; hub relays
 done      both ways        node, host                                  a host's workers all   hub: that node is done;
@@ -27,7 +27,7 @@ end       hub -> client    (none)                                      every tra
                                                                        is done (groups)
 gen_end   client -> hub    gen, node, host, code, klass, key, head,    this host's torchrun   stamps it; first failure:
                            primary, progress, stopped, age, watched,   of generation ``gen``  ``gen_stop``; all in:
-                           steps, record_age, death_age                ended (restarts)       decides, sends ``gen``
+                           steps, record_at, death_at, w               ended (restarts)       decides, sends ``gen``
 gen_stop  hub -> client    gen, report                                 first failure of a     stops its workers of
                                                                        generation             that generation
 gen       hub -> client    generation, restart, why, used, cause,      node 0's decision at   restarts (generation + 1)

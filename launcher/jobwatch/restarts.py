@@ -85,7 +85,7 @@ class Restarts:
         """A client, on a new connection to the hub: its end again (the old connection may have lost it)."""
         with self.watch.cond:
             end = self.my_end
-        return [end] if end is not None else []
+        return [_stamped(end)] if end is not None else []
 
     def tick(self) -> list[dict]:
         """Once per loop turn: node 0 takes its own end and decides; a client returns its end when not yet sent."""
@@ -98,7 +98,7 @@ class Restarts:
             return []
         if end is not None and end is not self.end_sent and self.watch.connected():
             self.end_sent = end
-            return [end]
+            return [_stamped(end)]
         return []
 
     def _gen_stop(self, gen: int, head: str) -> None:
@@ -134,7 +134,11 @@ class Restarts:
             return
         # raises on a malformed one; ``at``: when its first failure was, on this (node 0's) clock
         end = restart.end_of({**message, "node": node})
-        ends[node] = end._replace(at=time.monotonic() - end.age).message()
+        offset = self.watch.clock_offset(node) if node != 0 else 0.0  # its record's and death's times, here
+        end = end._replace(at=time.monotonic() - end.age,
+                           record_at=None if end.record_at is None else end.record_at + offset,
+                           death_at=None if end.death_at is None else end.death_at + offset)
+        ends[node] = end.message()
         if int(message["code"]) != 0 and gen >= self.generation and gen > self.stop_gen:  # the first failure only
             head = str(message.get("head", ""))[:messages.REPORT_CHARS]
             self.watch.post_now(messages.GenStop(gen, head).encode(), skip=node)
@@ -159,6 +163,11 @@ class Restarts:
             decision["cause_age"] = round(max(0.0, time.monotonic() - float(cause["at"])), 3)
         watch.post_now(decision)
         self._decided(decision)
+
+
+def _stamped(end: dict) -> dict:
+    """A client's ``gen_end`` as sent: with its clock (``w``) for node 0's ``clock_offset``."""
+    return {**end, "w": round(time.time(), 6)}
 
 
 def attach(watch: Watch) -> Restarts:

@@ -239,6 +239,11 @@ class Watch:
         host whose launcher never reached the hub runs without the watch)."""
         return self.nnodes
 
+    def clock_offset(self, node: int) -> float:
+        """What to add to ``node``'s ``time.time()`` to place it on this host's clock (node 0 measures it:
+        :meth:`launcher.jobwatch.hub.Hub.clock_offset`; a client compares no clocks)."""
+        return 0.0
+
     def connected(self) -> bool:
         """True while a handshaken peer is connected."""
         return any(c.node is not None for c in list(self.conns.values()))
@@ -453,6 +458,8 @@ class Watch:
             if now - self._sent >= self.interval:
                 self._sent = now
                 beat = {"t": "hb", **(self.extension.beat() if self.extension is not None else {})}
+                if self.role == "client":  # its clock, for node 0's clock_offset (launcher.jobwatch.hub)
+                    beat["w"] = round(time.time(), 6)
                 for conn in list(self.conns.values()):
                     if conn.node is not None:
                         self._send(conn, beat)
