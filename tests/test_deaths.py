@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import PYTHON, assert_gone
+from conftest import PYTHON, REPO, assert_gone
 
 from launcher import failure
 from launcher.command import Launch
@@ -53,14 +53,14 @@ for kid in kids:  # from the test: a line to end the next child, another to reap
 """
 
 
-def watched() -> set[int]:
-    """The pids this process holds a pidfd for (``/proc/self/fdinfo``'s ``Pid:`` line)."""
-    pids = set()
-    for fd in os.listdir("/proc/self/fd"):
+def watched(deaths: Deaths) -> set[int]:
+    """The pids the watcher process holds a pidfd for (its ``/proc/PID/fdinfo``'s ``Pid:`` line)."""
+    pids, proc = set(), f"/proc/{deaths.watcher.pid}"
+    for fd in os.listdir(f"{proc}/fd"):
         try:
-            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:[pidfd]":
+            if os.readlink(f"{proc}/fd/{fd}") != "anon_inode:[pidfd]":
                 continue
-            with open(f"/proc/self/fdinfo/{fd}") as fh:
+            with open(f"{proc}/fdinfo/{fd}") as fh:
                 pids.update(int(line.split()[1]) for line in fh if line.startswith("Pid:"))
         except OSError:
             continue
@@ -85,7 +85,7 @@ def test_every_way_a_worker_ends_is_dated_with_its_code_and_rank() -> None:
         pids = [int(pid) for pid in parent.stdout.readline().split()]
         marks = []
         for pid in pids:
-            wait_for(lambda: pid in watched(), f"a pidfd for {pid}")  # noqa: B023 (used at once)
+            wait_for(lambda: pid in watched(deaths), f"a pidfd for {pid}")  # noqa: B023 (used at once)
             marks.append(time.time())
             parent.stdin.write("end\n")
             parent.stdin.flush()
@@ -95,6 +95,7 @@ def test_every_way_a_worker_ends_is_dated_with_its_code_and_rank() -> None:
             assert int(parent.stdout.readline()) == pid
         ended = deaths.stop()
         assert set(os.listdir("/proc/self/fd")) == fds and threading.active_count() == threads  # nothing left
+        assert deaths.watcher.returncode == 0
         parent.stdin.close()
         assert parent.wait(timeout=30) == 0
     finally:
@@ -109,7 +110,7 @@ def test_every_way_a_worker_ends_is_dated_with_its_code_and_rank() -> None:
         assert death.at >= marks[index], (name, death, marks[index])
         if index + 1 < len(pids):  # dated before the next child was told to end
             assert death.at <= marks[index + 1], (name, death, marks[index + 1])
-    assert_gone([parent.pid, *pids])
+    assert_gone([parent.pid, *pids, deaths.watcher.pid])
 
 
 def test_a_process_that_is_not_the_parents_child_is_never_watched() -> None:
@@ -125,6 +126,22 @@ def test_a_process_that_is_not_the_parents_child_is_never_watched() -> None:
         for proc in (other, parent):
             proc.kill()
             proc.wait()
+    assert_gone([deaths.watcher.pid])
+
+
+def test_the_watcher_ends_with_the_launcher_that_started_it() -> None:
+    """A launcher killed (SIGKILL: no stop()) leaves no watcher: its stdin closes with the launcher."""
+    code = ("import subprocess, sys, time; sys.path.insert(0, sys.argv[1]); from launcher.deaths import Deaths; "
+            "torchrun = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "deaths = Deaths(torchrun.pid, 1); print(torchrun.pid, deaths.watcher.pid, flush=True); time.sleep(60)")
+    launcher = subprocess.Popen([PYTHON, "-c", code, REPO], stdout=subprocess.PIPE, text=True)
+    try:
+        torchrun, watcher = (int(pid) for pid in launcher.stdout.readline().split())
+    finally:
+        launcher.kill()
+        launcher.wait()
+    os.kill(torchrun, signal.SIGKILL)
+    assert_gone([watcher, torchrun])
 
 
 # --- the first failure in time, from the table, the exit records and the deaths ---------------------
