@@ -357,8 +357,11 @@ def _write(suffix, text):
 
 
 def _record(code):
-    """Write ``{"code", "stderr_offset", "started"}`` for this process (``<pid>.json``)."""
-    _write(".json", json.dumps({"code": code, "stderr_offset": _stderr_offset(), "started": STARTED}))
+    """Write ``{"code", "stderr_offset", "started", "ended"}`` for this process (``<pid>.json``): ``ended`` is the
+    moment the script ended (its file's modification time is the kernel's coarse clock, a tick behind)."""
+    ended = time.time()
+    _write(".json", json.dumps({"code": code, "stderr_offset": _stderr_offset(), "started": STARTED,
+                                "ended": ended}))
 
 
 def _record_main_thread():

@@ -216,7 +216,7 @@ TEARDOWN_BYTES = 4096  # how much of a worker's stderr after its script ended is
 
 
 def read_exit_record(exit_dir: str, pid: int) -> Optional[dict[str, Any]]:
-    """``{"code", "stderr_offset", "started"}`` that :mod:`launcher.bootstrap` wrote for worker ``pid``."""
+    """``{"code", "stderr_offset", "started", "ended"}`` that :mod:`launcher.bootstrap` wrote for worker ``pid``."""
     raw = _read_bounded(os.path.join(exit_dir, f"{pid}.json"), 1024)
     try:
         data = json.loads(raw) if raw is not None else None
@@ -224,9 +224,16 @@ def read_exit_record(exit_dir: str, pid: int) -> Optional[dict[str, Any]]:
         return None
     if not isinstance(data, dict) or type(data.get("code")) is not int or not 0 <= data["code"] <= 255:
         return None
-    offset, started = data.get("stderr_offset"), data.get("started")
+    offset = data.get("stderr_offset")
     return {"code": data["code"], "stderr_offset": offset if type(offset) is int and offset >= 0 else None,
-            "started": float(started) if isinstance(started, (int, float)) and started > 0 else None}
+            "started": _moment(data.get("started")), "ended": _moment(data.get("ended"))}
+
+
+def _moment(value: object) -> Optional[float]:
+    """A ``time.time()`` from a record: a finite positive number, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e11:
+        return None
+    return float(value)
 
 
 def first_worker_start(exit_dir: str, limit: int = 4096) -> Optional[float]:
@@ -350,11 +357,13 @@ def _entry_pid(entry: dict[str, str]) -> Optional[int]:
 
 
 def failed_at(exit_dir: str, pid: int) -> Optional[float]:
-    """When worker ``pid``'s script ended with a non-zero code (``time.time()``: its exit record's modification
-    time); None without such a record."""
+    """When worker ``pid``'s script ended with a non-zero code (``time.time()``: its exit record's ``ended``, or
+    the record's modification time from a bootstrap that wrote none); None without such a record."""
     record = read_exit_record(exit_dir, pid)
     if record is None or record["code"] == 0:
         return None
+    if record["ended"] is not None:
+        return record["ended"]
     try:
         return os.stat(os.path.join(exit_dir, f"{pid}.json")).st_mtime
     except OSError:
@@ -372,7 +381,10 @@ def host_failure(outcome: Outcome, exit_dir: str) -> Optional[FailedAt]:
     records = {int(name[:-5]) for name in names if name.endswith(".json") and name[:-5].isdigit()}
     table = {_entry_pid(entry) for entry in parse_failures(outcome.stderr_tail)}
     pids = {pid for pid in records if failed_at(exit_dir, pid) is not None}
-    pids |= {pid for pid, death in outcome.deaths.items() if death.code or (death.code is None and pid in table)}
+    # a death whose code was reaped before it was read: a failure when torchrun's table has it, or when the worker
+    # wrote no record at all (a clean end always writes one)
+    pids |= {pid for pid, death in outcome.deaths.items()
+             if death.code or (death.code is None and (pid in table or pid not in records))}
     failures = [FailedAt(failed_at(exit_dir, pid), outcome.deaths[pid].at if pid in outcome.deaths else None)
                 for pid in sorted(pids)]
     first = None

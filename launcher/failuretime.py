@@ -2,7 +2,7 @@
 
 - ``record``: the exit record the launcher's bootstrap writes as the script ends with a non-zero code (an
   exception, ``sys.exit(3)``), or, with no better word, the generation's end. Exact: the worker writes it itself.
-- ``death``: the kernel's word on the process's end (:mod:`launcher.deaths`), stamped by a thread woken by it: a
+- ``death``: the kernel's word on the process's end (:mod:`launcher.deaths`), stamped by a watcher process woken by it: a
   few milliseconds late under load. The only clock of a worker that wrote no record (SIGKILL, SIGSEGV,
   ``os._exit``, an abort).
 

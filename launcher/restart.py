@@ -18,7 +18,8 @@ job. The rules, in order:
 7. else every host starts the next generation.
 
 The root cause is the first failure in time across the job, whatever its text says: node 0 stamps each
-host's end on its own clock (``at``: when the host's first worker failed, from the age the host sends), and a
+host's first failure on its own clock (each host sends its record's and death's ``time.time()``, node 0 places
+them by ``Hub.clock_offset``; :func:`failed_at`), and a
 failure is a consequence of another only with evidence: another failed first by that clock, or its
 workers were stopped by the job watch (``primary`` False). When every failure looks secondary, the
 earliest is the cause. Every host gets the same decision, so every host agrees on the class and the code.

@@ -58,6 +58,7 @@ PUMP_GATHER = 0.001  # seconds to wait after a short read
 # so that the report stays stderr's last lines.
 PUMP_DRAIN = 30.0
 TICK = 0.5
+TABLE_WAIT = 1.0  # seconds a stopped torchrun whose worker died before the stop gets to print its failure table
 
 
 class JobWatch(Protocol):
@@ -249,6 +250,7 @@ class _StopSignals:
         self.log = log
         self.signal: Optional[int] = None
         self.at: Optional[float] = None  # time.time() when the first stop was passed on to the workers
+        self.since = 0.0  # the same moment, monotonic
         self.deadline: Optional[float] = None
         self.proc: Optional[subprocess.Popen] = None
         self.deadline_grace = grace_period  # the grace period the deadline was set with
@@ -297,7 +299,7 @@ class _StopSignals:
         if self.wake is not None:  # the wait looks at the new deadline, and at the workers, at once
             self.wake()
         if self.at is None:
-            self.at = time.time()
+            self.at, self.since = time.time(), time.monotonic()
         if self.signal is None:
             self.signal = signum
             self.deadline = time.monotonic() + self.grace_period
@@ -387,7 +389,11 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
             pump.start()
         rendezvous_by = None if rendezvous_timeout is None else time.monotonic() + rendezvous_timeout
         reported = functools.partial(failure_reported, tail) if quick_end and not direct else None
-        returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by, reported, wake)
+        # a stop after a worker's own death: torchrun may still print its table (its next look), wait for it briefly
+        settled = (None if direct or deaths is None else
+                   lambda: failure_reported(tail) or not any(d.at < (stop.at or 0.0) for d in deaths.ended().values()))
+        returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by, reported, wake,
+                                                       settled)
         if trimmer is not None:
             trimmer.stop()
         leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
@@ -428,9 +434,12 @@ def failure_reported(tail: StderrTail) -> bool:
 
 def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None],
           watchdog: proctree.Watchdog, rendezvous_by: Optional[float] = None,
-          reported: Optional[Callable[[], bool]] = None, wake: Optional[_Wake] = None) -> tuple[int, bool, bool]:
+          reported: Optional[Callable[[], bool]] = None, wake: Optional[_Wake] = None,
+          settled: Optional[Callable[[], bool]] = None) -> tuple[int, bool, bool]:
     """Wait for torchrun; reap orphans (the living ones go to the watchdog), settle a frozen torchrun,
-    enforce the grace period and the rendezvous deadline.
+    enforce the grace period and the rendezvous deadline. Woken early by ``wake`` (a death, a stop, torchrun's
+    output). A stopped torchrun with no worker left is killed at once, unless ``settled`` says it still owes its
+    failure table (a worker died before the stop): then it gets :data:`TABLE_WAIT` s to print it.
 
     Returns torchrun's return code, whether the grace period ran out, and whether no worker had
     started by ``rendezvous_by`` (torchrun then killed).
@@ -460,6 +469,9 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
             killed = True
             continue
         if stop.requested and not stop.direct and not proctree.children_of(proc.pid):
+            if settled is not None and not settled() and time.monotonic() < stop.since + TABLE_WAIT:
+                time.sleep(0.02)  # a worker died before the stop: torchrun's table, with its code, is on its way
+                continue
             log("the workers have ended: killing torchrun (its own shutdown would only delay the end)")
             proctree.kill_tree([proc.pid])
             killed = True

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 from conftest import PYTHON, launcher_env
@@ -120,7 +121,9 @@ def test_status_and_stderr_are_plain_pythons_and_the_code_is_recorded(tmp_path, 
         "def main():\n    print('working', flush=True)\n" + "\n".join("    " + ln for ln in body.splitlines())
         + "\nif __name__ == '__main__':\n    main()\n")
     plain = run(tmp_path, "end.py", bootstrap=False)
+    before = time.time()
     boot = run(tmp_path, "end.py", bootstrap=True)
+    assert before < boot[3]["started"] < boot[3]["ended"] < time.time()  # when the script ended, exactly
     assert plain[:3] == boot[:3]  # status, stdout (atexit included), stderr (the traceback: no bootstrap frame)
     assert boot[0] == code and boot[3]["code"] == code
     assert "bootstrap" not in boot[2]

@@ -391,6 +391,35 @@ def test_read_bounded_returns_the_bytes_or_refuses_by_size(tmp_path_factory, con
         assert data == content and len(content) <= limit
 
 
+# a worker's exit record (launcher.bootstrap writes it; a script could write anything there): any bytes read as
+# None or a record whose fields are each valid or None; a failure's time is the record's own "ended" when valid.
+_json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                            lambda inner: st.lists(inner, max_size=3), max_leaves=5)
+
+
+@FUZZ
+@given(content=st.one_of(st.binary(max_size=200),
+                         st.dictionaries(st.sampled_from(["code", "stderr_offset", "started", "ended", "x"]),
+                                         _json_values).map(lambda d: json.dumps(d).encode())))
+def test_exit_records_any_bytes(tmp_path_factory, content):
+    from launcher.failure import failed_at, read_exit_record
+
+    directory = tmp_path_factory.mktemp("exits")
+    (directory / "42.json").write_bytes(content)
+    record = read_exit_record(str(directory), 42)
+    if record is None:
+        assert failed_at(str(directory), 42) is None
+        return
+    assert type(record["code"]) is int and 0 <= record["code"] <= 255
+    for key in ("started", "ended"):
+        assert record[key] is None or (math.isfinite(record[key]) and record[key] > 0)
+    when = failed_at(str(directory), 42)
+    if record["code"] == 0:
+        assert when is None
+    else:
+        assert when == (record["ended"] if record["ended"] is not None else os.stat(directory / "42.json").st_mtime)
+
+
 # simulate's --fault HOST:KIND:AFTER[:SECONDS]: any text is a Fault or a one-line ConfigError, and every
 # well-formed spec means what it says.
 FAULT_HOSTS = ("algo-1", "algo-2")
