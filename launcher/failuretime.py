@@ -2,9 +2,9 @@
 
 - ``record``: the exit record the launcher's bootstrap writes as the script ends with a non-zero code (an
   exception, ``sys.exit(3)``), or, with no better word, the generation's end. Exact: the worker writes it itself.
-- ``death``: the kernel's word on the process's end (:mod:`launcher.deaths`), stamped by a watcher process woken by it: a
-  few milliseconds late under load. The only clock of a worker that wrote no record (SIGKILL, SIGSEGV,
-  ``os._exit``, an abort).
+- ``death``: the kernel's word on the process's end (:mod:`launcher.deaths`), stamped by a watcher process woken
+  by it: late by the kernel's wake-up of that process. The only clock of a worker that wrote no record (SIGKILL,
+  SIGSEGV, ``os._exit``, an abort).
 
 What the two clocks show, measured with gloo (two hosts, one rank each): a worker's sockets close as its process
 ends, about half a second after its record (the interpreter's teardown), and a peer fails on them about 2 ms
