@@ -70,6 +70,10 @@ class Deaths:
             self.watcher.wait()
         return self.ended()
 
+    def pids(self) -> tuple[int, ...]:
+        """The watcher's pid (none without pidfds): the launcher's own child, never a leftover of torchrun's."""
+        return () if self.watcher is None else (self.watcher.pid,)
+
     def ended(self) -> dict[int, Death]:
         """The deaths heard so far (pid -> :class:`~launcher.outcome.Death`)."""
         with self._lock:

@@ -392,11 +392,12 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
         # a stop after a worker's own death: torchrun may still print its table (its next look), wait for it briefly
         settled = (None if direct or deaths is None else
                    lambda: failure_reported(tail) or not any(d.at < (stop.at or 0.0) for d in deaths.ended().values()))
+        spared = (watchdog.pid, *(() if deaths is None else deaths.pids()))  # the launcher's own helpers
         returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by, reported, wake,
-                                                       settled)
+                                                       settled, spared)
         if trimmer is not None:
             trimmer.stop()
-        leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=[watchdog.pid])
+        leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=spared)
         if leftovers:
             log(f"killed {leftovers} process(es) torchrun left behind")
         copied = copier is None or copier.stop(PUMP_DRAIN)  # the workers' last lines, at once
@@ -414,8 +415,8 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
             hangs.attach(None)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        proctree.reap_orphans([watchdog.pid])
         ended = {} if deaths is None else deaths.stop()
+        proctree.reap_orphans([watchdog.pid])
         stop.wake = None
         wake.close()
     return Outcome(returncode=returncode, pid=proc.pid, stop_signal=stop.signal, killed_after_grace=after_grace,
@@ -435,7 +436,7 @@ def failure_reported(tail: StderrTail) -> bool:
 def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None],
           watchdog: proctree.Watchdog, rendezvous_by: Optional[float] = None,
           reported: Optional[Callable[[], bool]] = None, wake: Optional[_Wake] = None,
-          settled: Optional[Callable[[], bool]] = None) -> tuple[int, bool, bool]:
+          settled: Optional[Callable[[], bool]] = None, spared: tuple[int, ...] = ()) -> tuple[int, bool, bool]:
     """Wait for torchrun; reap orphans (the living ones go to the watchdog), settle a frozen torchrun,
     enforce the grace period and the rendezvous deadline. Woken early by ``wake`` (a death, a stop, torchrun's
     output). A stopped torchrun with no worker left is killed at once, unless ``settled`` says it still owes its
@@ -453,7 +454,7 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
             wake.drain()
         if returncode is not None:
             return returncode, after_grace, no_rendezvous
-        proctree.reap_orphans([proc.pid, watchdog.pid], watchdog)
+        proctree.reap_orphans([proc.pid, watchdog.pid, *spared], watchdog)
         if killed:
             continue
         if rendezvous_by is not None and stop.signal is None and time.monotonic() >= rendezvous_by:

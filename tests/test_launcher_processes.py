@@ -110,6 +110,7 @@ def test_worker_exit_code_is_the_launchers(tmp_path):
     assert code == 7
     assert failure.startswith("algo-1: rank 1 (local rank 1) exited with code 7")
     assert err.rstrip().endswith(failure.rstrip().splitlines()[-1])  # the report ends stderr
+    assert "left behind" not in err  # the launcher's own helpers (its watchdog, its deaths watcher) are no leftovers
 
 
 @pytest.mark.job
