@@ -115,13 +115,14 @@ def main() -> None:
         ready = poller.poll(SCAN * 1000 if len(ranks) < expected else None)
         now = time.time()
         for fd, _events in ready:
-            if fd == 0:  # the launcher closed it (or died)
-                return
-            pid = pidfds.pop(fd)
-            code, (rank, local_rank) = _code(pid), ranks[pid]
-            os.write(1, f"{pid} {now!r} {_or_dash(code)} {_or_dash(rank)} {_or_dash(local_rank)}\n".encode())
-            poller.unregister(fd)
-            os.close(fd)
+            if fd != 0:
+                pid = pidfds.pop(fd)
+                code, (rank, local_rank) = _code(pid), ranks[pid]
+                os.write(1, f"{pid} {now!r} {_or_dash(code)} {_or_dash(rank)} {_or_dash(local_rank)}\n".encode())
+                poller.unregister(fd)
+                os.close(fd)
+        if any(fd == 0 for fd, _events in ready):  # the launcher closed it (or died): every death seen is said
+            return
 
 
 def _or_dash(value: Optional[int]) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import PYTHON, REPO, assert_gone
 
-from launcher import failure
+from launcher import failure, proctree
 from launcher.command import Launch
 from launcher.deaths import Deaths
 from launcher.outcome import Death, Outcome
@@ -127,6 +127,39 @@ def test_a_process_that_is_not_the_parents_child_is_never_watched() -> None:
             proc.kill()
             proc.wait()
     assert_gone([deaths.watcher.pid])
+
+
+def test_deaths_just_before_the_stop_are_all_said() -> None:
+    """Workers killed the moment before the launcher stops watching (its last kill of the tree) are in the
+    result: the watcher says every death it sees before it heeds its closed stdin."""
+    code = ("import os, subprocess, sys\n"
+            "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+            " env={**os.environ, 'RANK': str(r), 'LOCAL_RANK': str(r)}) for r in range(4)]\n"
+            "print(' '.join(str(k.pid) for k in kids), flush=True)\nsys.stdin.readline()\n"
+            "[k.wait() for k in kids]\n")
+    parent = subprocess.Popen([PYTHON, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        deaths = Deaths(parent.pid, 4)
+        kids = [int(pid) for pid in parent.stdout.readline().split()]
+        wait_for(lambda: watched(deaths) == set(kids), "a pidfd for every worker")
+        watcher = deaths.pids()[0]
+        os.kill(watcher, signal.SIGSTOP)  # held still: its next look finds the deaths and the closed stdin at once
+        wait_for(lambda: proctree.stat_fields(watcher)[0] == b"T", "the watcher stopped")
+        for pid in kids:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: all((proctree.stat_fields(pid) or [b"Z"])[0] == b"Z" for pid in kids), "every worker a zombie")
+        deaths.watcher.stdin.close()
+        os.kill(watcher, signal.SIGCONT)
+        ended = deaths.stop()
+        parent.stdin.write("reap\n")
+        parent.stdin.flush()
+        assert parent.wait(timeout=30) == 0
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    assert sorted(ended) == sorted(kids) and all(d.code == -signal.SIGKILL for d in ended.values()), ended
+    assert_gone([parent.pid, *kids, *deaths.pids()])
 
 
 def test_the_watcher_ends_with_the_launcher_that_started_it() -> None:
