@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import os
 import selectors
 import socket
@@ -23,6 +24,7 @@ from launcher.jobwatch.watch import (
     _Junk,
     _nonce,
     _text,
+    stamp,
 )
 
 
@@ -44,6 +46,7 @@ class Client(Watch):
         self.suspect = False
         self.ended = False  # the hub said done, or this host left
         self.next_try = 0.0
+        self.ahead = float("inf")  # the least (this clock on reading - the hub's ``w``): see Hub.clock_offset
         self.final: Optional[dict] = None
         self.left = False
         self.began = time.monotonic()
@@ -133,6 +136,10 @@ class Client(Watch):
         for again in self.coordination.joined() if self.coordination is not None else ():
             self._send(conn, again)  # the old connection may have lost it
 
+    def _clock(self) -> dict:
+        """This clock (``w``) and the least (this clock on reading - the hub's ``w``) seen (``a``)."""
+        return {**super()._clock(), **({"a": round(self.ahead, 6)} if math.isfinite(self.ahead) else {})}
+
     def _on_message(self, conn: _Conn, message: dict) -> None:
         if conn.node is None:
             self._hub_hello(conn, message)
@@ -140,6 +147,9 @@ class Client(Watch):
         if conn is not self.hub:
             return
         self._heard_hub()
+        sent = stamp(message, "w")
+        if sent is not None:
+            self.ahead = min(self.ahead, time.time() - sent)
         kind = message["t"]
         if kind in ("failed", "lost"):
             event = _event(message, self.nnodes)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
 import selectors
 import socket
 import time
@@ -24,9 +23,8 @@ from launcher.jobwatch.watch import (
     _Junk,
     _nonce,
     _text,
+    stamp,
 )
-
-SAME_CLOCK = 0.02  # seconds: a client's clock this close behind node 0's (the least transit seen) is node 0's
 
 
 class _Node:
@@ -38,7 +36,8 @@ class _Node:
         self.conn: Optional[_Conn] = None
         self.heard = now
         self.suspect = False
-        self.behind = float("inf")  # the least (this clock's time.time() on reading - the sender's ``w``) seen
+        self.behind = float("inf")  # the least (this clock's time.time() on reading - the client's ``w``) seen
+        self.ahead = float("inf")  # the least (the client's time.time() on reading - this clock's ``w``) it saw
 
 
 class Hub(Watch):
@@ -64,15 +63,23 @@ class Hub(Watch):
         return {node: n.state for node, n in list(self.nodes.items())}
 
     def clock_offset(self, node: int) -> float:
-        """What to add to ``node``'s ``time.time()`` to place it on this clock. A client stamps its beats and
-        its ``gen_end`` with its clock (``w``); the least (arrival here - ``w``) is the clocks' difference plus
-        the quickest transit seen, an upper bound on the difference that beats every second make tight
-        whatever the load. Clocks that agree within :data:`SAME_CLOCK` (the same machine, NTP) are taken as
-        they are: one clock orders failures a few milliseconds apart exactly, a correction would not."""
+        """What to add to ``node``'s ``time.time()`` to place it on this clock.
+
+        Both sides stamp their beats with their clock (``w``); a client also sends ``a``, the least (its clock
+        on reading - node 0's ``w``) it has seen. No message arrives before it was sent, so the client's clock
+        is ahead of this one by at least ``-behind`` and at most ``ahead`` (``behind``: the least (this clock on
+        reading - its ``w``)), whatever the load: a starved sender or reader only widens the interval. When the
+        interval holds 0 (one machine, NTP-synchronised hosts) the clocks are taken as the same: one clock
+        orders failures milliseconds apart exactly, and a guess would not. Otherwise the clocks certainly
+        differ, by at least the interval's end nearest 0, and that is the correction."""
         known = self.nodes.get(node)
-        if known is None or not math.isfinite(known.behind) or 0.0 <= known.behind <= SAME_CLOCK:
+        if known is None:
             return 0.0
-        return known.behind
+        if known.behind < 0.0:  # its clock is ahead by more than -behind
+            return known.behind
+        if known.ahead < 0.0:  # its clock is behind by more than -ahead
+            return -known.ahead
+        return 0.0
 
     def members(self) -> int:
         """Itself and every node that joined (see :meth:`launcher.jobwatch.Watch.members`)."""
@@ -181,9 +188,11 @@ class Hub(Watch):
         if known.conn is not conn:
             return
         self._heard(conn.node, known)
-        sent = message.get("w")
-        if isinstance(sent, (int, float)) and not isinstance(sent, bool) and math.isfinite(sent):
+        sent, seen = stamp(message, "w"), stamp(message, "a")
+        if sent is not None:
             known.behind = min(known.behind, time.time() - sent)
+        if seen is not None:
+            known.ahead = min(known.ahead, seen)
         kind = message["t"]
         if kind == "failed" and known.state == "running":
             event = _event({**message, "node": conn.node, "host": known.host}, self.nnodes)

@@ -17,8 +17,9 @@ refused   hub -> client    why                                         a hello o
                                                                        job (untagged)
 replaced  hub -> client    (none)                                      a newer connection of  drops this connection
                                                                        the node came
-hb        both ways        extensions' fields (hang: ``age``); a       every second           clears suspicion; hub:
-                           client's also ``w`` (its time.time())                              its ``clock_offset``
+hb        both ways        extensions' fields (hang: ``age``); ``w``   every second           clears suspicion; hub:
+                           (its time.time()); a client's also ``a``                           its ``clock_offset``
+                           (least own clock - hub's ``w`` it read)
 failed    both ways        kind, node, host, code, report, primary     a host's workers       records the cause, stops
                                                                        failed                 its workers; hub relays
 done      both ways        node, host                                  a host's workers all   hub: that node is done;

@@ -9,6 +9,7 @@ import errno
 import hashlib
 import hmac
 import json
+import math
 import os
 import selectors
 import socket
@@ -114,6 +115,14 @@ class _Conn:
         self.ended = False  # the peer said done or failed: its closing or silence is no loss
         self.complained = False  # a dropped message of this peer was logged
         self.mask = selectors.EVENT_READ
+
+
+def stamp(message: dict, key: str) -> Optional[float]:
+    """A finite number of seconds at ``message[key]`` (a clock's stamp, ``w`` or ``a``); None when absent or bad."""
+    value = message.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 class Watch:
@@ -238,6 +247,10 @@ class Watch:
         """The nodes whose ends node 0 waits for: every node (the hub: itself and every node that joined it; a
         host whose launcher never reached the hub runs without the watch)."""
         return self.nnodes
+
+    def _clock(self) -> dict:
+        """What a beat carries for node 0's :meth:`clock_offset`: this clock (``w``)."""
+        return {"w": round(time.time(), 6)}
 
     def clock_offset(self, node: int) -> float:
         """What to add to ``node``'s ``time.time()`` to place it on this host's clock (node 0 measures it:
@@ -457,9 +470,8 @@ class Watch:
                 self._post(message)
             if now - self._sent >= self.interval:
                 self._sent = now
-                beat = {"t": "hb", **(self.extension.beat() if self.extension is not None else {})}
-                if self.role == "client":  # its clock, for node 0's clock_offset (launcher.jobwatch.hub)
-                    beat["w"] = round(time.time(), 6)
+                beat = {"t": "hb", **(self.extension.beat() if self.extension is not None else {}),
+                        **self._clock()}
                 for conn in list(self.conns.values()):
                     if conn.node is not None:
                         self._send(conn, beat)
