@@ -129,8 +129,8 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
     worker's output; within it, another thread's (a logger writes while faulthandler does). faulthandler
     writes a line in many writes (a name a character at a time), so another thread's text can also break a
     line: a frame is lost, or a header, and a frame after a thread's outermost ``threading`` frame
-    (``_bootstrap``, or ``_bootstrap_inner`` when the ``_bootstrap`` line was lost) starts the next thread all
-    the same.
+    (``_bootstrap``, or ``_bootstrap_inner`` or ``run`` when the lines after it were lost) starts the next thread
+    all the same.
     """
     dumps: dict[Optional[int], list[tuple[str, bool, list[Frame]]]] = {}
     reading: dict[Optional[int], bool] = {}  # the rank's last line was part of a thread's frames
@@ -169,8 +169,11 @@ def parse_dumps(lines: Iterable[str], default: Optional[int] = None) -> dict[Opt
 
 def _ends_a_thread(last: Frame, following: Frame) -> bool:
     """``following`` is another thread's frame, whose header another thread's output broke: ``last`` is the
-    outermost frame of a thread ``threading`` started (``_bootstrap``), or the one before it
-    (``_bootstrap_inner``, its ``_bootstrap`` line lost) and ``following`` is no ``_bootstrap``."""
+    outermost frame of a thread ``threading`` started (``_bootstrap``), or one before it whose outer lines were
+    lost (``_bootstrap_inner`` and ``following`` no ``_bootstrap``; threading's ``run`` and ``following`` none of
+    threading's outermost frames)."""
+    if last.func == "run" and last.file.endswith("threading.py"):
+        return not _is_threading_start(following)
     if not _is_threading_start(last):
         return False
     return last.func == THREADING_BOOTSTRAP or not (following.func == THREADING_BOOTSTRAP

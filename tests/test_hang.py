@@ -19,7 +19,7 @@ import sys
 import textwrap
 
 from conftest import PYTHON
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from launcher import hang, hangtimeout, progress
@@ -460,12 +460,16 @@ foreign_st = st.sampled_from(["chat 42\n", "INFO:chatty:chat 42\n", "\r 45%|####
 
 @settings(max_examples=400, deadline=None)
 @given(others_st, st.lists(st.tuples(st.integers(0, 10**6), foreign_st), max_size=3))
+@example(others=[[Frame("/job/train.py", 100, "<"), Frame("/job/train.py", 100, "<0"),
+                  Frame(f"{SITE}/tqdm/_monitor.py", 100, "<0")]],
+         writes=[(204, "chat 42\n"), (1954, "chat 42\n"), (12691, "chat 42\n")])  # found by hypothesis here
 def test_another_threads_writes_inside_a_dump_never_make_its_frame_the_position(
         others: list[list[Frame]], writes: list[tuple[int, str]]) -> None:
     # Up to three writes of another thread (a logger's line, a progress bar's \r-ended text) land anywhere in the
     # dump, between any two of faulthandler's writes: the position is one of the main thread's own frames, even by
-    # the thread's looks alone (no id recorded). (Four can break both outermost threading frames of a thread, the
-    # main thread's header and its <module> line: then only the recorded id tells.)
+    # the thread's looks alone (no id recorded). (Four can break all three outermost threading frames of a thread
+    # and the main thread's header: then only the recorded id tells. Three broke _bootstrap_inner, _bootstrap and
+    # the header once, when threading's run was not yet taken for a thread's end.)
     threads = [("Thread", started(n, inner)) for n, inner in enumerate(others)]
     pieces = faulthandler_pieces([*threads, ("Current thread", MAIN_FRAMES)])
     for at, text in sorted(writes, reverse=True):
