@@ -83,7 +83,10 @@ def test_two_training_hosts_and_a_data_host_end_cleanly(tmp_path: Any) -> None:
 
 
 def test_a_lost_data_host_stops_every_host_with_one_root_cause(tmp_path: Any) -> None:
-    sim, workdir = start(tmp_path, "hetero-lost", "--fault", "algo-3:SIGKILL:step=5", "--platform-stop", "off",
+    # step 50 of the data host: 5 s after the master answered. At step 5 (0.5 s) a CI run under load killed algo-3's
+    # launcher 2.3 s into the job, before it had joined the job watch: a host that never reached the hub runs
+    # without the watch (Watch.members), so nothing stopped the others and the test ran over.
+    sim, workdir = start(tmp_path, "hetero-lost", "--fault", "algo-3:SIGKILL:step=50", "--platform-stop", "off",
                          "--deadline", "300",
                          script_args=("--steps", "0", "--step-sleep", "0.1", "--serve-wait-master"))
     code = sim.finish()
