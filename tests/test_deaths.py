@@ -9,12 +9,14 @@ the worker that failed first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -67,6 +69,19 @@ def watched(deaths: Deaths) -> set[int]:
     return pids
 
 
+@contextlib.contextmanager
+def parent_process(code: str, *args: str) -> Iterator[subprocess.Popen]:
+    """A process running ``code`` (stdin and stdout on text pipes) that stands for torchrun; killed at the end
+    if it still runs."""
+    parent = subprocess.Popen([PYTHON, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        yield parent
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
 def wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:
     end = time.monotonic() + timeout
     while not condition():
@@ -76,10 +91,8 @@ def wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:
 
 def test_every_way_a_worker_ends_is_dated_with_its_code_and_rank() -> None:
     names = list(ENDS)
-    parent = subprocess.Popen([PYTHON, "-c", PARENT, *ENDS.values()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
     pids: list[int] = []
-    try:
+    with parent_process(PARENT, *ENDS.values()) as parent:
         fds, threads = set(os.listdir("/proc/self/fd")), threading.active_count()
         deaths = Deaths(parent.pid, len(names))
         pids = [int(pid) for pid in parent.stdout.readline().split()]
@@ -98,10 +111,6 @@ def test_every_way_a_worker_ends_is_dated_with_its_code_and_rank() -> None:
         assert deaths.watcher.returncode == 0
         parent.stdin.close()
         assert parent.wait(timeout=30) == 0
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
     assert sorted(ended) == sorted(pids)
     for index, (pid, name) in enumerate(zip(pids, names)):
         death = ended[pid]
@@ -137,8 +146,7 @@ def test_deaths_just_before_the_stop_are_all_said() -> None:
             " env={**os.environ, 'RANK': str(r), 'LOCAL_RANK': str(r)}) for r in range(4)]\n"
             "print(' '.join(str(k.pid) for k in kids), flush=True)\nsys.stdin.readline()\n"
             "[k.wait() for k in kids]\n")
-    parent = subprocess.Popen([PYTHON, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
+    with parent_process(code) as parent:
         deaths = Deaths(parent.pid, 4)
         kids = [int(pid) for pid in parent.stdout.readline().split()]
         wait_for(lambda: watched(deaths) == set(kids), "a pidfd for every worker")
@@ -154,10 +162,6 @@ def test_deaths_just_before_the_stop_are_all_said() -> None:
         parent.stdin.write("reap\n")
         parent.stdin.flush()
         assert parent.wait(timeout=30) == 0
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
     assert sorted(ended) == sorted(kids) and all(d.code == -signal.SIGKILL for d in ended.values()), ended
     assert_gone([parent.pid, *kids, *deaths.pids()])
 
@@ -274,8 +278,7 @@ helper.wait()
 
 
 def test_only_workers_are_watched_even_one_seen_before_its_exec() -> None:
-    parent = subprocess.Popen([PYTHON, "-c", FORKS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
+    with parent_process(FORKS) as parent:
         deaths = Deaths(parent.pid, 1)
         helper, worker = (int(pid) for pid in parent.stdout.readline().split())
         wait_for(lambda: worker in deaths.ended(), "the worker's death")
@@ -283,9 +286,5 @@ def test_only_workers_are_watched_even_one_seen_before_its_exec() -> None:
         parent.stdin.flush()
         assert parent.wait(timeout=30) == 0
         ended = deaths.stop()
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
     assert list(ended) == [worker] and (ended[worker].code, ended[worker].rank) == (5, 7), ended
     assert_gone([parent.pid, helper, worker])
