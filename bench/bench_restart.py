@@ -2,8 +2,9 @@
 ``--max-restarts``, and a whole new launch of the job (every host started again, as a platform retry does).
 
 N hosts (2 and 4), each its own network namespace on a private bridge, one rank each, running
-tests/scripts/restart_worker.py: rank 1 exits 3 at step 3 of the first generation and trains normally in any
-later one; every rank resumes from rank 0's checkpoint (written after every step). Measured, per round:
+tests/scripts/restart_worker.py: rank 1 exits 3 at step 60 (``--fail-step``; 0.3 s a step: the job trains for about
+20 s first, as a real one trains minutes or hours before a failure) of the first generation and trains normally
+in any later one; every rank resumes from rank 0's checkpoint (written after every step). Measured, per round:
 
 - **restart**: seconds from the fault (the failing rank's own clock, written just before it exits) until every
   rank of the new generation took a step (each rank's record);
@@ -15,9 +16,11 @@ later one; every rank resumes from rank 0's checkpoint (written after every step
 Contenders:
 
 - ``launcher``: ``simulate --hosts N --nproc-per-node 1 --platform-stop off`` with ``LAUNCHER_MAX_RESTARTS=1``;
+- ``launcher-at-end``: the same with ``DDP_LAUNCHER_AHEAD=end``: the next generation started ahead (met and held
+  before the script, torch imported) only once this host's generation ended, while the hosts stop, not at the
+  generation's first step (launcher/ahead.py);
 - ``launcher-not-ahead``: the same with ``DDP_LAUNCHER_AHEAD=0``: the next generation started after node 0's
-  decision, not ahead of it (met and held before the script, torch imported) while the hosts stop
-  (launcher/ahead.py);
+  decision;
 - ``torchrun``: plain ``python -m torch.distributed.run`` static rendezvous (``--node-rank``, rank 0 on
   algo-1) with ``--max-restarts 3`` on every host, in the same kind of lab. Its count is per host and only
   the failed host restarts first (pytorch#146371): ``never`` when no generation after the fault had every
@@ -35,7 +38,8 @@ barrier, new torchrun, first step) are printed too: per phase, the median over t
 ``beyond``: per round, the restart less a fresh start's own start in the same round (the relaunch's, else the
 not-ahead contender's, else its own): the launcher's part (the goal: at most 2 s).
 
-Usage: ``.venv/bin/python bench/bench_restart.py [--rounds 2] [--hosts 2,4] [--cap 120] [--only launcher,...]``
+Usage: ``.venv/bin/python bench/bench_restart.py [--rounds 2] [--hosts 2,4] [--cap 120] [--only launcher,...]
+[--fail-step 60]``
 (``--hosts 2,4,8,16`` for the phases at every size).
 Needs network namespaces (root or unprivileged user namespaces); only the lab's private addresses are used.
 """
@@ -66,12 +70,17 @@ from launcher.simulate import netns  # noqa: E402  (after the path is set)
 PYTHON = sys.executable
 SCRIPT = os.path.join(REPO, "tests", "scripts", "restart_worker.py")
 PORT = 29500  # inside the lab's private namespaces: no clash with anything on the machine
-STEPS = 8
-FAULT = ["--fail", "exit", "--fail-rank", "1", "--fail-step", "3", "--fail-in", "0"]
-CONTENDERS = ("launcher", "launcher-not-ahead", "torchrun", "relaunch", "ft_launcher")
+FAIL_STEP = 60  # the fault's step (--fail-step): the job trains a while first (0.3 s a step), as real ones do
+FAULT = ["--fail", "exit", "--fail-rank", "1", "--fail-in", "0"]
+CONTENDERS = ("launcher", "launcher-at-end", "launcher-not-ahead", "torchrun", "relaunch", "ft_launcher")
 PHASES = ("detection", "stop", "barrier", "new_torchrun", "first_step")
 FT_LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
 NVRX = os.path.join(REPO, ".nvrx")  # where make puts it (see the Makefile)
+
+
+def steps() -> list[str]:
+    """The script's steps: the fault's, then a few more after the restart."""
+    return ["--steps", str(FAIL_STEP + 5), "--fail-step", str(FAIL_STEP)]
 
 
 def read(path: str) -> dict:
@@ -113,7 +122,7 @@ def simulate(tmp: str, name: str, hosts: int, out: str, cap: float, script_args:
     env = clean_env(**{f"LAUNCHER_{k.upper()}": v for k, v in options.items()}, **(environ or {}))
     argv = [PYTHON, "-m", "launcher", "simulate", "--hosts", str(hosts), "--nproc-per-node", "1", "--network",
             "netns", "--platform-stop", "off", "--workdir", os.path.join(tmp, name), "--job-name", name,
-            "--deadline", str(cap), "--", SCRIPT, "--out", out, "--steps", str(STEPS), *script_args]
+            "--deadline", str(cap), "--", SCRIPT, "--out", out, *steps(), *script_args]
     with open(os.path.join(os.environ.get("BENCH_KEEP", tmp), f"{name}.log"), "w") as log:
         return subprocess.run(argv, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
                               timeout=cap + 60).returncode
@@ -145,6 +154,10 @@ def launcher(tmp: str, hosts: int, cap: float, name: str = "launcher",
     seen["restart"], seen["own"] = restart, own  # "beyond" is filled when the round is over (fresh_beyond)
     PHASES_SEEN.setdefault((hosts, name), []).append(seen)
     return restart, own
+
+
+def launcher_at_end(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
+    return launcher(tmp, hosts, cap, "launcher-at-end", {"DDP_LAUNCHER_AHEAD": "end"})
 
 
 def launcher_not_ahead(tmp: str, hosts: int, cap: float) -> tuple[Optional[float], Optional[float]]:
@@ -184,7 +197,7 @@ def in_lab(tmp: str, hosts: int, cap: float, launch: Callable[[int], list[str]])
             lab.add_host(f"algo-{i + 1}", netns.host_address(i))
         procs = []
         for i in range(hosts):
-            argv = [*launch(i), SCRIPT, "--out", out, "--steps", str(STEPS), *FAULT]
+            argv = [*launch(i), SCRIPT, "--out", out, *steps(), *FAULT]
             env = clean_env(PYTHONPATH=f"{NVRX}{os.pathsep}{REPO}") if FT_LAUNCHER in argv else clean_env()
             procs.append(subprocess.Popen(lab.command(f"algo-{i + 1}", argv), cwd=tmp, env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -205,7 +218,7 @@ def fresh_beyond(hosts: int, results: dict[str, list[tuple[Optional[float], Opti
     round (the relaunch's second job, else the not-ahead restart's), else less its own."""
     fresh = next((results[name][-1][1] for name in ("relaunch", "launcher-not-ahead")
                   if results.get(name) and results[name][-1][1] is not None), None)
-    for name in ("launcher", "launcher-not-ahead"):
+    for name in ("launcher", "launcher-at-end", "launcher-not-ahead"):
         seen = PHASES_SEEN.get((hosts, name))
         if seen and "beyond" not in seen[-1]:
             restart, own = seen[-1]["restart"], fresh if fresh is not None else seen[-1]["own"]
@@ -226,12 +239,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--hosts", default="2,4")
     parser.add_argument("--cap", type=float, default=120.0)
     parser.add_argument("--only", default=",".join(CONTENDERS))
+    parser.add_argument("--fail-step", type=int, default=FAIL_STEP)
     args = parser.parse_args(argv)
+    globals()["FAIL_STEP"] = args.fail_step
     why = netns.unavailable()
     if why:
         print(f"network namespaces unavailable: {why}", file=sys.stderr)
         return 2
-    runners = {"launcher": launcher, "launcher-not-ahead": launcher_not_ahead, "torchrun": torchrun,
+    runners = {"launcher": launcher, "launcher-at-end": launcher_at_end, "launcher-not-ahead": launcher_not_ahead,
+               "torchrun": torchrun,
                "relaunch": relaunch, "ft_launcher": ft_launcher}
     chosen = [c for c in args.only.split(",") if c]
     if "ft_launcher" in chosen and not os.path.isdir(os.path.join(NVRX, "nvidia_resiliency_ext")):

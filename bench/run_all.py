@@ -18,6 +18,8 @@ BENCHMARKS = (
     ["bench_watch_scale.py", "--rounds", "3"],
     ["bench_watch_end.py", "--rounds", "30"],
     ["bench_hangs.py", "--rounds", "20"],
+    ["bench_restart.py", "--rounds", "5", "--hosts", "2,4,8"],
+    ["bench_held_memory.py", "--nproc", "2"],
 )
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ names every module and only modules that exist):
 - ``stacks``: a hung host's stacks taken in bounded time: each worker's dump read from its own stderr file.
 - ``restart``: job-wide restarts in place: a generation's end, node 0's rules (budget, classes, no progress).
 - ``generations``: this host's generations of a restarted job: supervise, tell node 0, start the next one.
-- ``ahead``: the next generation's torchrun, started as soon as a generation ended: it imports torch meanwhile.
+- ``ahead``: the next generation, started while the current one trains and held before the script until a restart.
 - ``deaths``: when, how and which rank each of torchrun's workers ended, by the kernel's word (a pidfd each).
 - ``failuretime``: when a worker failed, by its exit record and its death, and which of two failures came first.
 - ``outcome``: how torchrun ended, as the supervisor hands it on.

@@ -1,8 +1,8 @@
 """The generations of a restarted job on this host: supervise, tell node 0, start the next one.
 
 Each generation is one :func:`launcher.supervise.supervise` of a fresh torchrun (``--max-restarts 0``; after the
-first, started ahead with its workers held before the script, as soon as this host's generation before ended:
-:mod:`launcher.ahead`)
+first, started ahead with its workers held before the script, at the first step of this host's generation before,
+else at its end: :mod:`launcher.ahead`)
 with the generation in the workers' environment (``TORCHELASTIC_RESTART_COUNT``, set by
 :mod:`launcher.bootstrap`) and its rendezvous port (:func:`launcher.command.generation_port`). When it
 ends, every worker of it is gone (supervise kills what is left), and only then this host tells node 0
@@ -127,10 +127,13 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
     generation, pending, failed_at = 0, "", None
     spans: Optional[dict[str, Optional[float]]] = None  # the phases of the restart into this generation
     decided_at: Optional[float] = None  # when node 0's decision came (monotonic)
-    ready: Optional[ahead.Ahead] = None  # the next generation, started ahead and held before the script
+    following = ahead.Next(environ, log)  # the next generation, started ahead and held before the script
+
+    def port_of(gen: int) -> int:
+        return generation_port(c, options, p.choice.platform.fixed_port, gen)
 
     def launch_of(gen: int) -> Launch:
-        return for_generation(p.launch, generation_port(c, options, p.choice.platform.fixed_port, gen), gen)
+        return for_generation(p.launch, port_of(gen), gen)
 
     try:
         while True:
@@ -147,15 +150,14 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
                 spans["new_torchrun"] = round(max(0.0, time.monotonic() - decided_at), 3)
             steps = _steps(launch.run_dir, run.hangs, log, pending, failed_at, spans)
             history.memory = oom.snapshot()  # a SIGKILL of this generation is told apart by its own count
-            started = None
-            if ready is not None:
-                if ready.launch == launch:
-                    started = ready.go()
-                else:
-                    ready.cancel()
-                ready = None
+            started = following.take(launch)
+            # the next generation, while a restart may follow; started at this one's first step when its port is
+            # not this one's (a fixed port is free only once this generation's torchrun is gone), else at its end
+            following.arm(launch_of(generation + 1) if len(history.records) < options.max_restarts else None,
+                          None if port_of(generation + 1) == port_of(generation) else
+                          lambda steps=steps: steps.progress.first_step is not None)
             try:
-                outcome = supervise(run, launch, quick_end=True, started=started)
+                outcome = supervise(run, launch, quick_end=True, started=started, beside=following)
             finally:
                 failed_at = time.monotonic()
                 steps.close()
@@ -165,12 +167,13 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
                 run.hangs.close()
             first = failure.host_failure(outcome, launch.exit_dir)
             failed = failure.first_failure(outcome, launch.exit_dir, failed_at)
-            end = _own_end(run, launch, outcome, steps, history.memory, failed, first)
+            end = _own_end(run, launch, outcome, steps, history.memory, failed, first)._replace(
+                ahead_gone=following.gone())
             if signals and outcome.stop_signal is None:
                 return outcome._replace(stop_signal=signals[0]), run, history
             platform_stop = outcome.stop_signal is not None and not (watch is not None and watch.stopped_job)
-            if end.code != 0 and not platform_stop and len(history.records) < options.max_restarts:
-                ready = ahead.start(launch_of(generation + 1), environ)  # another may come: started ahead
+            if end.code != 0 and not platform_stop:
+                following.now()  # another may come: started ahead (unless it was at this generation's first step)
             root: Optional[float] = failed
             if watch is None:
                 decision: Optional[restart.Decision] = policy.decide(generation, [end])
@@ -189,6 +192,9 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
                 return outcome, run, history
             if signals:  # a stop signal while node 0 decided: this host stops; the others hear it
                 return outcome._replace(stop_signal=signals[0]), run, history
+            if decision.fresh:  # another host's may have met this host's: none is used
+                log("a generation started ahead had ended on a host: every host starts the next one afresh")
+                following.cancel()
             stopping = watch.stop_at if watch is not None and end.code != 0 and not end.primary else failed
             spans = restart.phases(root, stopping, failed_at, decided_at)
             history.records.append(restart.record(decision, None, spans))
@@ -198,8 +204,7 @@ def run_generations(run: Run) -> tuple[Outcome, Run, History]:
             _fresh(launch)
             generation += 1
     finally:
-        if ready is not None:
-            ready.cancel()
+        following.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

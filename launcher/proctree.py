@@ -249,7 +249,8 @@ def _signal_all(pids: Iterable[int], sig: int) -> None:
 
 def kill_tree(roots: Iterable[int], include_roots: bool = True, exclude: Iterable[int] = (),
               marker: Optional[str] = None) -> int:
-    """SIGKILL all descendants of ``roots`` (and the roots, unless told not to); returns how many.
+    """SIGKILL all descendants of ``roots`` (and the roots, unless told not to) but ``exclude`` and their own
+    descendants; returns how many.
 
     With ``marker`` (``NAME=VALUE``), every process of this user whose environment holds it goes too,
     with its descendants. The set is frozen with SIGSTOP first and looked up again, so a process
@@ -261,7 +262,8 @@ def kill_tree(roots: Iterable[int], include_roots: bool = True, exclude: Iterabl
     def victims(parents: dict[int, int]) -> list[int]:
         tops = [p for p in roots if include_roots and p in parents] + (marked(marker) if marker else [])
         found = dict.fromkeys(tops + descendants(roots + tops, parents))
-        return [p for p in found if p not in skip and p in parents and not _is_watchdog(p)]
+        spared = skip.union(descendants(skip, parents)) if skip else skip
+        return [p for p in found if p not in spared and p in parents and not _is_watchdog(p)]
 
     def look() -> dict[int, int]:
         return parent_map() if marker else _living_parents(roots)

@@ -67,6 +67,7 @@ class End(NamedTuple):
     steps: int = 0  # step-like events of this host's ranks in the generation
     record_at: Optional[float] = None  # that first failure by its two clocks (launcher/failuretime.py): its exit
     death_at: Optional[float] = None  # record's and its death's time.time(), None: unknown (node 0's clock at node 0)
+    ahead_gone: bool = False  # its next generation, started ahead (launcher/ahead.py), has ended meanwhile
 
     def message(self) -> dict:
         """As the job watch carries it."""
@@ -79,7 +80,8 @@ def end_of(message: dict) -> End:
                str(message["key"])[:300], str(message["head"])[:600], bool(message["primary"]),
                bool(message["progress"]), bool(message["stopped"]), _seconds(message.get("age", 0.0)),
                float(message.get("at", 0.0)), bool(message.get("watched", True)), int(message.get("steps", 0)),
-               _maybe_time(message.get("record_at")), _maybe_time(message.get("death_at")))
+               _maybe_time(message.get("record_at")), _maybe_time(message.get("death_at")),
+               bool(message.get("ahead_gone", False)))
 
 
 def _maybe_time(value: object) -> Optional[float]:
@@ -108,11 +110,12 @@ class Decision(NamedTuple):
     why: str  # restart, success, lost, stopped, class, budget, no_progress, no_decision
     used: int  # restarts used so far, this one included
     cause: Optional[End] = None
+    fresh: bool = False  # a host's next generation started ahead has ended: every host starts it afresh
 
     def message(self) -> dict:
         """As the job watch carries it."""
         return {"generation": self.generation, "restart": self.restart, "why": self.why, "used": self.used,
-                "cause": None if self.cause is None else self.cause.message()}
+                "cause": None if self.cause is None else self.cause.message(), "fresh": self.fresh}
 
     def sentence(self, budget: int) -> str:
         """Why the job ends here (empty when it restarts or succeeded)."""
@@ -134,7 +137,7 @@ def decision_of(message: dict) -> Decision:
     """A ``Decision`` from a job watch message; raises on a malformed one."""
     cause = message.get("cause")
     return Decision(int(message["generation"]), bool(message["restart"]), str(message["why"])[:20],
-                    int(message["used"]), None if cause is None else end_of(cause))
+                    int(message["used"]), None if cause is None else end_of(cause), bool(message.get("fresh", False)))
 
 
 class Policy:
@@ -161,7 +164,7 @@ class Policy:
             self.used += 1
         if cause is not None:
             self.previous = cause.key
-        return Decision(generation, why == "restart", why, self.used, cause)
+        return Decision(generation, why == "restart", why, self.used, cause, any(e.ahead_gone for e in ends))
 
 
 def root_cause(ends: Sequence[End], before: Optional[float] = None) -> Optional[End]:

@@ -75,6 +75,15 @@ class HangHook(Protocol):
     def attach(self, request: Optional[Callable[[float, str], None]], pid: Optional[int] = None) -> None: ...
 
 
+class Beside(Protocol):
+    """What runs beside the generation (:class:`launcher.ahead.Next`: the next one, started ahead): looked at
+    while torchrun runs, on the main thread, and spared when the generation's processes are ended."""
+
+    def look(self) -> None: ...
+
+    def pids(self) -> tuple[int, ...]: ...
+
+
 class Context(Protocol):
     """What supervise needs of the run (:class:`launcher.runcontext.Run`): the environment, the log, the watchdog,
     the job watch and hang detection (None: off), the grace period, whether the launch is the script itself
@@ -331,7 +340,7 @@ def start_torchrun(argv: Sequence[str], env: Mapping[str, str], stdin: int = sub
 
 
 def supervise(run: Context, launch: Launch, quick_end: bool = False,
-              started: Optional[subprocess.Popen] = None) -> Outcome:
+              started: Optional[subprocess.Popen] = None, beside: Optional[Beside] = None) -> Outcome:
     """Run the launch (the plan's, or a generation's) to its end and return how it ended. Blocks; installs
     signal handlers.
 
@@ -343,7 +352,8 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
     failure table and has no worker left, it is killed instead of waited for through its interpreter's
     teardown (seconds on a loaded host). ``started``: torchrun already started for this launch, as this
     function starts it (:mod:`launcher.ahead`: it met the other hosts and its workers imported torch while the
-    hosts stopped, held before the script until now).
+    hosts stopped, held before the script until now). ``beside``: looked at while torchrun runs (no stop asked),
+    its processes and their descendants spared when this generation's are ended.
     """
     environ, log, watchdog, watch, hangs = run.environ, run.log, run.watchdog, run.watch, run.hangs
     direct, rendezvous_timeout = run.direct, run.rendezvous_bound
@@ -392,12 +402,16 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
         # a stop after a worker's own death: torchrun may still print its table (its next look), wait for it briefly
         settled = (None if direct or deaths is None else
                    lambda: failure_reported(tail) or not any(d.at < (stop.at or 0.0) for d in deaths.ended().values()))
-        spared = (watchdog.pid, *(() if deaths is None else deaths.pids()))  # the launcher's own helpers
+        helpers = (watchdog.pid, *(() if deaths is None else deaths.pids()))  # the launcher's own
+
+        def spared() -> tuple[int, ...]:
+            return helpers if beside is None else (*helpers, *beside.pids())
+
         returncode, after_grace, no_rendezvous = _wait(proc, stop, log, watchdog, rendezvous_by, reported, wake,
-                                                       settled, spared)
+                                                       settled, spared, None if beside is None else beside.look)
         if trimmer is not None:
             trimmer.stop()
-        leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=spared)
+        leftovers = proctree.kill_tree([os.getpid()], include_roots=False, exclude=spared())
         if leftovers:
             log(f"killed {leftovers} process(es) torchrun left behind")
         copied = copier is None or copier.stop(PUMP_DRAIN)  # the workers' last lines, at once
@@ -436,11 +450,13 @@ def failure_reported(tail: StderrTail) -> bool:
 def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None],
           watchdog: proctree.Watchdog, rendezvous_by: Optional[float] = None,
           reported: Optional[Callable[[], bool]] = None, wake: Optional[_Wake] = None,
-          settled: Optional[Callable[[], bool]] = None, spared: tuple[int, ...] = ()) -> tuple[int, bool, bool]:
-    """Wait for torchrun; reap orphans (the living ones go to the watchdog), settle a frozen torchrun,
-    enforce the grace period and the rendezvous deadline. Woken early by ``wake`` (a death, a stop, torchrun's
-    output). A stopped torchrun with no worker left is killed at once, unless ``settled`` says it still owes its
-    failure table (a worker died before the stop): then it gets :data:`TABLE_WAIT` s to print it.
+          settled: Optional[Callable[[], bool]] = None, spared: Callable[[], tuple[int, ...]] = tuple,
+          look: Optional[Callable[[], None]] = None) -> tuple[int, bool, bool]:
+    """Wait for torchrun; reap orphans but ``spared()`` (the living ones go to the watchdog), settle a frozen
+    torchrun, enforce the grace period and the rendezvous deadline, call ``look`` at each look while no stop is
+    asked. Woken early by ``wake`` (a death, a stop, torchrun's output). A stopped torchrun with no worker left is
+    killed at once, unless ``settled`` says it still owes its failure table (a worker died before the stop): then
+    it gets :data:`TABLE_WAIT` s to print it.
 
     Returns torchrun's return code, whether the grace period ran out, and whether no worker had
     started by ``rendezvous_by`` (torchrun then killed).
@@ -454,9 +470,11 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
             wake.drain()
         if returncode is not None:
             return returncode, after_grace, no_rendezvous
-        proctree.reap_orphans([proc.pid, watchdog.pid, *spared], watchdog)
+        proctree.reap_orphans([proc.pid, watchdog.pid, *spared()], watchdog)
         if killed:
             continue
+        if look is not None and not stop.requested and stop.signal is None:
+            look()
         if rendezvous_by is not None and stop.signal is None and time.monotonic() >= rendezvous_by:
             rendezvous_by = None  # checked once: after it, workers exist and torchrun's own timeouts rule
             if not proctree.children_of(proc.pid):

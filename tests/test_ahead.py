@@ -6,7 +6,11 @@
   code, the script's ``sys.path[0]``, torch's random state (a fresh seed per process; the same draws once seeded
   as a resume seeds them); only torch is imported already;
 - cancelled (no restart after all), torchrun and its worker are gone, whether they were starting or held;
-- it is never started when turned off (``DDP_LAUNCHER_AHEAD=0``) or when the launch starts the script directly.
+- it is never started when turned off (``DDP_LAUNCHER_AHEAD=0``) or when the launch starts the script directly;
+- the launcher's holder of it (``Next``): armed, it starts at the current generation's first step, once, and is
+  handed over when its generation comes; with ``DDP_LAUNCHER_AHEAD=end`` only at the generation's end; never when
+  no restart can follow or it is off; for another launch it is cancelled; one that ended meanwhile (a held
+  worker killed) is reported gone and the generation starts afresh.
 
 Every process started here is ended by PID and proved gone.
 """
@@ -165,3 +169,127 @@ def test_never_started_when_turned_off_or_without_torchrun(tmp_path: Any) -> Non
     assert ahead.start(launch, {**launcher_env(), ahead.VARIABLE: "0"}) is None
     direct = launch._replace(argv=(sys.executable, str(tmp_path / "worker.py")))
     assert ahead.start(direct, launcher_env()) is None
+
+
+def reap(ready: ahead.Ahead) -> None:
+    """End what a test started ahead, whatever state it is in, and prove it gone with its workers."""
+    pids = [ready.proc.pid, *proctree.descendants([ready.proc.pid])]
+    ready.cancel()
+    assert_gone(pids)
+
+
+@pytest.mark.job
+def test_armed_it_starts_at_the_first_step_once_and_is_handed_over(tmp_path: Any) -> None:
+    launch, lines, stepped = make_launch(tmp_path, 0), [], []
+    following = ahead.Next({**launcher_env(), "DDP_TEST_HOW": "next"}, lines.append)
+    following.arm(launch, lambda: bool(stepped))
+    following.look()
+    assert following.pids() == () and following.ahead is None  # no step yet: nothing started
+    stepped.append(True)
+    following.look()
+    ready = following.ahead
+    assert ready is not None and following.pids() == (ready.proc.pid,)
+    try:
+        assert lines == [f"the next generation started ahead at this one's first step (torchrun pid {ready.proc.pid}):"
+                         " held before its script until a restart"]
+        following.look()
+        following.now()  # the generation's end: it runs already
+        assert following.ahead is ready and len(lines) == 1
+        worker = held_worker(ready)
+        assert not following.gone()
+        proc = following.take(launch)
+        assert proc is ready.proc and following.pids() == () and following.ahead is None
+        proc.communicate(timeout=300)
+        assert proc.returncode == 0 and json.loads((tmp_path / "next.json").read_text())["torch"]
+    finally:
+        reap(ready)
+    assert_gone([worker])
+
+
+@pytest.mark.job
+def test_when_it_ended_meanwhile_the_generation_starts_afresh(tmp_path: Any) -> None:
+    # a held process killed meanwhile (the kernel's OOM killer, someone's kill): node 0 hears of it (gone) and the
+    # generation is started afresh, never with what is left of the one started ahead
+    launch, lines = make_launch(tmp_path, 0), []
+    following = ahead.Next(launcher_env(), lines.append)
+    following.arm(launch, None)
+    following.now()
+    ready = following.ahead
+    assert ready is not None
+    try:
+        worker = held_worker(ready)
+        os.kill(worker, signal.SIGKILL)
+        ready.proc.wait(timeout=120)  # torchrun (no restarts of its own) ends with its worker
+        assert following.gone()
+        assert following.take(launch) is None and following.ahead is None and not following.gone()
+        assert lines == [f"the generation started ahead here had ended (its torchrun exited with code "
+                         f"{ready.proc.returncode}): it starts afresh"] and ready.proc.returncode != 0
+        assert ready.proc.stdout is not None and ready.proc.stdout.closed
+    finally:
+        reap(ready)
+
+
+@pytest.mark.job
+def test_at_the_end_only_and_for_another_launch_it_is_cancelled(tmp_path: Any) -> None:
+    launch = make_launch(tmp_path, 0)
+    following = ahead.Next({**launcher_env(), ahead.VARIABLE: "end"})
+    following.arm(launch, lambda: True)
+    following.look()  # due, but started only at the generation's end
+    assert following.ahead is None
+    following.now()
+    ready = following.ahead
+    assert ready is not None
+    try:
+        other = launch._replace(env_changes={**launch.env_changes, "DDP_TEST_OTHER": "1"})
+        assert following.take(other) is None and following.ahead is None  # not the generation that comes
+        assert ready.proc.returncode is not None
+    finally:
+        reap(ready)
+
+
+def test_nothing_is_started_when_no_restart_can_follow_or_it_is_off(tmp_path: Any) -> None:
+    launch = make_launch(tmp_path, 0)
+    following = ahead.Next(launcher_env())
+    following.arm(None, lambda: True)  # the budget is used up
+    following.look()
+    following.now()
+    assert following.ahead is None and following.pids() == () and following.take(launch) is None
+    off = ahead.Next({**launcher_env(), ahead.VARIABLE: "0"})
+    off.arm(launch, lambda: True)
+    off.look()
+    off.now()
+    assert off.ahead is None and off.take(launch) is None
+
+
+CHILD = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); " \
+        "time.sleep(300)"
+TWO_TREES = ("import subprocess, sys, time\n"  # two children, each with a child of its own
+             f"kids = [subprocess.Popen([sys.executable, '-c', {CHILD!r}]) for _ in range(2)]\n"
+             "print(*(kid.pid for kid in kids), flush=True)\n"
+             "time.sleep(300)\n")
+
+
+def test_ending_a_generation_spares_what_runs_beside_it_with_its_descendants() -> None:
+    # supervise ends whatever a generation left (kill_tree of the launcher's tree) but what it is told to spare:
+    # the next generation started ahead, whose workers are that torchrun's descendants
+    parent = subprocess.Popen([PYTHON, "-c", TWO_TREES], stdout=subprocess.PIPE, start_new_session=True)
+    everything: list[int] = [parent.pid]
+    try:
+        assert parent.stdout is not None
+        first, second = (int(word) for word in parent.stdout.readline().split())
+        deadline = time.monotonic() + 60
+        while not (proctree.children_of(first) and proctree.children_of(second)):
+            assert time.monotonic() < deadline, "the grandchildren did not start"
+            time.sleep(0.05)
+        (first_child,), (second_child,) = proctree.children_of(first), proctree.children_of(second)
+        everything += [first, second, first_child, second_child]
+        assert proctree.kill_tree([parent.pid], include_roots=False, exclude=[second]) == 2
+        assert_gone([first, first_child])
+        assert proctree.state(second) not in (None, "Z") and proctree.state(second_child) not in (None, "Z")
+        assert parent.poll() is None
+    finally:
+        proctree.kill_tree([parent.pid])
+        parent.wait()
+        assert parent.stdout is not None
+        parent.stdout.close()
+    assert_gone(everything)

@@ -26,14 +26,14 @@ CLASSES = [codes.WORKER_EXIT, codes.WORKER_SIGNAL, codes.HANG, codes.RENDEZVOUS,
 
 def end(node: int = 0, code: int = 1, klass: str = codes.WORKER_EXIT, key: str = "exit 1", primary: bool = True,
         progress: bool = False, stopped: bool = False, at: float = 0.0, watched: bool = True,
-        exception: str = "ValueError: x") -> restart.End:
+        exception: str = "ValueError: x", ahead_gone: bool = False) -> restart.End:
     return restart.End(node, f"algo-{node + 1}", code, klass, key, f"algo-{node + 1}: failed\n{exception}",
-                       primary, progress, stopped, at=at, watched=watched)
+                       primary, progress, stopped, at=at, watched=watched, ahead_gone=ahead_gone)
 
 
 ENDS = st.builds(end, node=st.integers(0, 3), code=st.integers(0, 3), klass=st.sampled_from(CLASSES),
                  key=st.sampled_from(["exit 1", "SIGKILL", "hang"]), primary=st.booleans(), progress=st.booleans(),
-                 stopped=st.booleans(), at=st.floats(0, 100), watched=st.booleans(),
+                 stopped=st.booleans(), at=st.floats(0, 100), watched=st.booleans(), ahead_gone=st.booleans(),
                  exception=st.sampled_from(["ValueError: x", "RuntimeError: Connection reset by peer",
                                             "torch.distributed.DistBackendError: NCCL error"]))
 
@@ -61,6 +61,8 @@ def test_the_policy_never_restarts_what_it_must_not(budget: int, restart_on: set
             assert decision.cause in failing
             candidates = [e for e in failing if e.primary] or failing
             assert decision.cause in candidates and decision.cause.at == min(e.at for e in candidates)
+        # a host's next generation started ahead has ended: no host uses its own (it may have met that one)
+        assert decision.fresh == any(e.ahead_gone for e in ends)
         if decision.cause is not None:
             previous = decision.cause.key
         if not decision.restart:
@@ -156,9 +158,10 @@ def test_the_budget_is_job_wide_and_a_repeat_without_progress_stops_at_once() ->
 
 
 def test_messages_travel_whole_and_malformed_ones_raise() -> None:
-    decision = restart.Policy(1, DEFAULT_RESTART_ON).decide(0, [end(key="SIGKILL")])
-    assert restart.decision_of(json.loads(json.dumps(decision.message()))) == decision
+    decision = restart.Policy(1, DEFAULT_RESTART_ON).decide(0, [end(key="SIGKILL"), end(1, ahead_gone=True)])
+    assert decision.fresh and restart.decision_of(json.loads(json.dumps(decision.message()))) == decision
     assert restart.end_of(json.loads(json.dumps(end().message()))) == end()
+    assert restart.end_of(json.loads(json.dumps(end(ahead_gone=True).message()))) == end(ahead_gone=True)
     for bad in ({}, {**end().message(), "code": "x"}, {**end().message(), "node": None}):
         with pytest.raises((KeyError, TypeError, ValueError)):
             restart.end_of(bad)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import glob
 import os
 import re
+import signal
 import subprocess
+import time
 from typing import Any, NamedTuple, Optional, Union
 
 import pytest
-from conftest import REPO, assert_gone, launcher_env
+from conftest import REPO, assert_gone, is_alive, launcher_env
 from test_simulate import Simulate, processes_inside, read_json
 from test_simulate_netns import machine, machine_state  # noqa: F401  (machine: a fixture used below)
 
@@ -391,3 +393,77 @@ def test_without_restarts_the_first_failure_in_time_is_every_hosts_root_cause_wh
             assert f"{rank} exited with code 1" in outcome["root_cause"], (name, host, outcome)
             assert outcome["exception"] == f"RuntimeError: {message}", (name, host, outcome)
             assert outcome["restarts"] == [], (name, host)
+
+
+def held(workdir: str, host: str) -> dict[str, list[int]]:
+    """The processes of ``host``'s generation started ahead and held (their environment names the hold's go file):
+    ``torchrun`` and its ``workers`` (those that have imported torch: its library mapped)."""
+    found: dict[str, list[int]] = {"torchrun": [], "workers": []}
+    code = f"{workdir}/{host}/".encode()
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+            with open(f"/proc/{name}/maps", "rb") as fh:
+                imported = b"libtorch_cpu.so" in fh.read()
+        except (OSError, ValueError):
+            continue
+        if any(v.startswith(f"{ahead.HOLD_VARIABLE}=".encode()) for v in environ) and any(code in a for a in argv):
+            if b"torch.distributed.run" in argv:
+                found["torchrun"].append(int(name))
+            elif imported:
+                found["workers"].append(int(name))
+    return found
+
+
+def until_held(job: Job, timeout: float = 240.0) -> dict[str, dict[str, list[int]]]:
+    """Each host's held generation, once every host's worker has imported torch while generation 0 trains."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {f"algo-{i}": held(job.workdir, f"algo-{i}") for i in range(1, job.hosts + 1)}
+        if all(len(f["torchrun"]) == 1 and len(f["workers"]) == 1 for f in found.values()):
+            return found
+        assert job.sim.proc.poll() is None, job.sim.stderr[-4000:]
+        time.sleep(0.2)
+    raise AssertionError(f"no held generation on every host within {timeout} s")
+
+
+def test_the_next_generation_is_held_while_the_job_trains_and_one_that_died_is_started_afresh(tmp_path: Any) -> None:
+    # Side by side, 2 hosts of 1 rank, budget 1: rank 1 fails at step 5 of generation 0 once the test opens its gate
+    # (until then the others wait in the collective). SageMaker on namespaced hosts: each generation its own port,
+    # so the next generation starts ahead at the first step, while the job trains.
+    # - "held": the gate opens once every host's held worker has imported torch: generation 1 is that one;
+    # - "died": algo-2's held worker is SIGKILLed first (as the OOM killer would) and its torchrun ends: node 0
+    #   decides that every host starts generation 1 afresh (algo-1's held one had met algo-2's), and the job finishes.
+    gates = {name: str(tmp_path / f"{name}.gate") for name in ("held", "died")}
+    jobs = {name: launch(tmp_path, name, 2, "--steps", "8", "--fail", "exit", "--fail-step", "5",
+                         "--fail-when", gate, max_restarts="1") for name, gate in gates.items()}
+    ahead_pids = {name: until_held(job) for name, job in jobs.items()}
+    dead = ahead_pids["died"]["algo-2"]
+    os.kill(dead["workers"][0], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while is_alive(dead["torchrun"][0]):  # torchrun (no restarts of its own) ends with its worker
+        assert time.monotonic() < deadline, "the held torchrun outlived its worker"
+        time.sleep(0.1)
+    for gate in gates.values():
+        open(gate, "w").close()
+    results = {name: finish(job) for name, job in jobs.items()}
+    for name, result in results.items():
+        assert result.code == 0 and result.exits == {"algo-1": 0, "algo-2": 0}, jobs[name].sim.stderr[-4000:]
+        assert result.checkpoint == {"step": 8, "sum": 8 * 3}, name  # every step once: ranks 0 and 1 add 1 + 2
+        assert sorted(result.records) == ["g0.r0", "g0.r1", "g1.r0", "g1.r1"], name
+    for host, lines in results["held"].logs.items():  # started at the first step; generation 1 is that torchrun
+        pid = ahead_pids["held"][host]["torchrun"][0]
+        assert any(f"the next generation started ahead at this one's first step (torchrun pid {pid})" in line
+                   for line in lines), lines
+        assert any(f"torchrun started as pid {pid} (started ahead" in line for line in lines), lines
+        assert not any("afresh" in line for line in lines), lines
+    for lines in results["died"].logs.values():  # every host started afresh: none used its held generation
+        assert any("a generation started ahead had ended on a host: every host starts the next one afresh" in line
+                   for line in lines), lines
+        started = [line for line in lines if "torchrun started as pid" in line]
+        assert len(started) == 2 and not any("(started ahead" in line for line in started), lines
+    for found in ahead_pids.values():  # nothing of either held generation is left
+        assert_gone([pid for host in found.values() for pids in host.values() for pid in pids])

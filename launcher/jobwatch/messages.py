@@ -29,11 +29,11 @@ end       hub -> client    (none)                                      every tra
                                                                        is done (groups)
 gen_end   client -> hub    gen, node, host, code, klass, key, head,    this host's torchrun   stamps it; first failure:
                            primary, progress, stopped, age, watched,   of generation ``gen``  ``gen_stop``; all in:
-                           steps, record_at, death_at, w               ended (restarts)       decides, sends ``gen``
+                           steps, record_at, death_at, ahead_gone, w   ended (restarts)       decides, sends ``gen``
 gen_stop  hub -> client    gen, report                                 first failure of a     stops its workers of
                                                                        generation             that generation
 gen       hub -> client    generation, restart, why, used, cause,      node 0's decision at   restarts (generation + 1)
-                           cause_age                                   a generation's end     or ends the job
+                           fresh, cause_age                            a generation's end     or ends the job
 hang      both ways        phase, ... (freeze, dump, verdict; frozen,  hang detection         :mod:`launcher.hangwatch`
                            stacks)
 ========  ===============  ==========================================  =====================  ==========================

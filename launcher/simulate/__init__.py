@@ -101,7 +101,8 @@ Each host ``algo-i`` gets what a SageMaker host gets, written in AWS's formats:
   ``sagemaker_training.environment.Environment.to_env_vars()``, plus ``CURRENT_HOST``,
   ``SAGEMAKER_JOB_NAME``, ``SAGEMAKER_REGION``), ``TRAINING_JOB_NAME``, and what an estimator's
   ``environment=`` would carry for a local run: ``LAUNCHER_RESOLVE`` (every host -> 127.0.0.1; only
-  with ``--network loopback``), ``LAUNCHER_MASTER_PORT`` (a free port), ``LAUNCHER_GRACE_PERIOD``,
+  with ``--network loopback``), ``LAUNCHER_MASTER_PORT`` (a free port; only with ``--network loopback``: on
+  hosts of their own the launcher takes SageMaker's port, 7777, as on SageMaker), ``LAUNCHER_GRACE_PERIOD``,
   ``LAUNCHER_NPROC_PER_NODE``.
 - It starts as SageMaker starts it: in ``code/``, ``python launch.py <the argv AWS's toolkit renders
   from hyperparameters.json>``; with ``--toolkit``, through AWS's real ``train`` command.
@@ -196,6 +197,7 @@ from typing import Optional
 
 from launcher import streams
 from launcher.errors import ConfigError
+from launcher.platforms.sagemaker import MASTER_PORT as SAGEMAKER_PORT
 from launcher.simulate import faults, netns
 from launcher.simulate.config import NETNS_FAULTS, PROG, build_config, parse_fault
 from launcher.simulate.hosts import builder
@@ -256,7 +258,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         config = check_faults(choose_network(build_config(args, os.getcwd())))
-        port = free_port()
+        # on hosts of their own (netns) a SageMaker job's launcher takes SageMaker's port, as on SageMaker
+        port = SAGEMAKER_PORT if config.platform == "sagemaker" and config.network == "netns" else free_port()
         specs = builder(config.platform).make_hosts(config, os.environ, port)
     except ConfigError as exc:
         streams.write(sys.stderr, f"{PROG}: error: {exc}\n")

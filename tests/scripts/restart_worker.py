@@ -1,7 +1,7 @@
 """A short gloo DDP job that fails on purpose in chosen generations, for the restart tests and the benchmark.
 
 Usage: ``restart_worker.py --out DIR [--steps N] [--step-sleep T] [--step-work T] [--fail MODE] [--fail-rank R]
-[--fail-step S] [--fail-in GENS] [--beats no]``.
+[--fail-step S] [--fail-in GENS] [--fail-when PATH] [--beats no]``.
 
 The generation is ``TORCHELASTIC_RESTART_COUNT`` (the launcher sets it). Every rank writes
 ``DIR/g<gen>.r<rank>.json`` when its process group is up (its pid, the generation, its start and the time) and again
@@ -16,7 +16,8 @@ generation's own step ``--fail-step`` (counted from where it resumed; 0: before 
 same line every time), ``kill`` (SIGKILL itself), ``os_exit`` (``os._exit(3)``: no exit record, no teardown),
 ``segv`` (SIGSEGV itself: as a crash in native code), ``hang`` (stops taking part: the others wait in the
 collective). The failing rank first writes ``DIR/fault.json``
-(when it failed). ``--fail-after T``: it first sleeps T s (the others then wait in the collective, and fail on
+(when it failed). ``--fail-when PATH``: it first waits for that file (a test's gate: the others wait in the
+collective meanwhile). ``--fail-after T``: it first sleeps T s (the others then wait in the collective, and fail on
 the connection it leaves as it dies). ``--pause-torchrun yes``: it then stops its torchrun (SIGSTOP), as a
 torchrun busy elsewhere would not look at its workers: no failure table, until the launcher kills it.
 ``--peer-lost abort``: a rank whose collective fails aborts (SIGABRT, no exception), as NCCL's
@@ -124,6 +125,7 @@ def main():
     parser.add_argument("--fail", default="none",
                         choices=["none", "exit", "raise", "oserror", "kill", "os_exit", "segv", "hang"])
     parser.add_argument("--fail-after", type=float, default=0.0)
+    parser.add_argument("--fail-when", default="")
     parser.add_argument("--pause-torchrun", default="no", choices=["yes", "no"])
     parser.add_argument("--message", default="the same bug every time")
     parser.add_argument("--fail-rank", type=int, default=1)
@@ -159,6 +161,8 @@ def main():
     resumed = state["step"]
     for step in range(resumed + 1, args.steps + 1):
         if failing and step - resumed == args.fail_step:
+            while args.fail_when and not os.path.exists(args.fail_when):
+                time.sleep(0.05)
             time.sleep(args.fail_after)  # the others meanwhile wait in the step's collective
             if args.pause_torchrun == "yes":  # torchrun sees nothing of what follows: it is stopped
                 os.kill(os.getppid(), signal.SIGSTOP)

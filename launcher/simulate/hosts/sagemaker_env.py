@@ -122,12 +122,13 @@ def toolkit_env(base: str, resource: Mapping[str, Any], data_config: Mapping[str
 
 
 def estimator_environment(config: Config, port: int) -> dict[str, str]:
-    """What a user would pass as the estimator's ``environment=`` for a local run of N hosts
-    (no ``LAUNCHER_RESOLVE`` with ``--network netns``: each host's ``/etc/hosts`` knows the names)."""
-    env = {"LAUNCHER_MASTER_PORT": str(port),
-           "LAUNCHER_GRACE_PERIOD": f"{config.grace_period:g}",
+    """What a user would pass as the estimator's ``environment=`` for a local run of N hosts. With
+    ``--network netns`` neither ``LAUNCHER_RESOLVE`` (each host's ``/etc/hosts`` knows the names) nor
+    ``LAUNCHER_MASTER_PORT`` (each host has its own ports: the launcher takes SageMaker's, as on SageMaker)."""
+    env = {"LAUNCHER_GRACE_PERIOD": f"{config.grace_period:g}",
            "PYTHONUNBUFFERED": "1"}  # AWS's framework containers set it too
     if not in_namespaces(config):
+        env["LAUNCHER_MASTER_PORT"] = str(port)
         env["LAUNCHER_RESOLVE"] = ",".join(f"{h}={ADDRESS}" for h in config.hosts)
     if config.nproc_per_node is not None:
         env["LAUNCHER_NPROC_PER_NODE"] = str(config.nproc_per_node)
