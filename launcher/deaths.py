@@ -11,9 +11,12 @@ before its record: a watcher blocked on the workers' pidfds dates each death bef
 The watcher is a small process of its own (``python -I -c``, this module's :func:`main`), not a thread of the
 launcher: a thread would need the launcher's GIL to read the clock, and under load the thread that holds it (log
 relays, the job watch, the sampler's reader) can be off the CPU for seconds. A lone process that sleeps in
-``poll`` is woken by the kernel and runs at once. It writes one line per death to a pipe (``pid at code rank
-local_rank``); a thread here reads them, at its leisure (the time is in the line). It ends when the launcher
-closes its stdin, or dies.
+``poll`` is woken by the kernel and runs at once, or nearly: on a host whose cores are all busy (a next
+generation's imports, other jobs) a woken process waits for its turn like any other, so the watcher lowers its
+nice value by :data:`PRIORITY` where it may (root, or ``CAP_SYS_NICE``), which lets the scheduler run it ahead of
+the busy ones when it wakes; elsewhere it keeps the launcher's. It writes one line per death to a pipe (``pid at
+code rank local_rank``); a thread here reads them, at its leisure (the time is in the line). It ends when the
+launcher closes its stdin, or dies.
 
 Each death also carries the worker's code, read from the kernel's ``/proc/PID/stat`` (field 52, the wait status)
 while it is a zombie (torchrun reaps at its next look), and its rank, read from its environment when it is first
@@ -25,6 +28,7 @@ first within its host and is dated by its generation's end across hosts, as befo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -36,6 +40,7 @@ from typing import IO, Callable, Optional
 from launcher import proctree
 from launcher.outcome import Death
 
+PRIORITY = 10  # how much the watcher lowers its nice value (raises its priority) where it is permitted
 SCAN = 0.05  # seconds between looks for workers torchrun has started, until every one is watched
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds ``launcher`` (a folder, or the zipapp)
 _MAIN = f"import sys; sys.path.insert(0, {_ROOT!r}); from launcher.deaths import main; main()"
@@ -94,6 +99,8 @@ class Deaths:
 def main() -> None:
     """The watcher (``argv``: torchrun's pid, how many workers): a line on stdout per death, until stdin closes."""
     parent, expected = int(sys.argv[1]), int(sys.argv[2])
+    with contextlib.suppress(OSError):  # not permitted: the launcher's own priority
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) - PRIORITY)
     poller = select.poll()
     poller.register(0, select.POLLIN)
     pidfds: dict[int, int] = {}  # fd -> pid

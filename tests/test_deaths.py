@@ -24,7 +24,7 @@ from conftest import PYTHON, REPO, assert_gone
 
 from launcher import failure, proctree
 from launcher.command import Launch
-from launcher.deaths import Deaths
+from launcher.deaths import PRIORITY, Deaths
 from launcher.outcome import Death, Outcome
 
 # Each child waits for a line on its stdin, then ends its own way.
@@ -288,3 +288,22 @@ def test_only_workers_are_watched_even_one_seen_before_its_exec() -> None:
         ended = deaths.stop()
     assert list(ended) == [worker] and (ended[worker].code, ended[worker].rank) == (5, 7), ended
     assert_gone([parent.pid, helper, worker])
+
+
+def test_the_watcher_runs_ahead_of_busy_processes_where_it_may() -> None:
+    """Its stamp is the death's time only if it runs as soon as it wakes: on a host whose cores are busy it is
+    PRIORITY nice levels above the launcher's where that is permitted (root here, as in the platforms' containers),
+    else at the launcher's own."""
+    parent = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(30)"])
+    try:
+        deaths = Deaths(parent.pid, 1)
+        watcher = deaths.pids()[0]
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        wait_for(lambda: os.getpriority(os.PRIO_PROCESS, watcher) != mine or os.geteuid() != 0, "its priority")
+        expected = max(-20, mine - PRIORITY) if os.geteuid() == 0 else mine
+        assert os.getpriority(os.PRIO_PROCESS, watcher) == expected
+        deaths.stop()
+    finally:
+        parent.kill()
+        parent.wait()
+    assert_gone([parent.pid, watcher])
