@@ -234,6 +234,7 @@ def cell(values: Sequence[Optional[float]]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    global FAIL_STEP
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--hosts", default="2,4")
@@ -241,7 +242,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--only", default=",".join(CONTENDERS))
     parser.add_argument("--fail-step", type=int, default=FAIL_STEP)
     args = parser.parse_args(argv)
-    globals()["FAIL_STEP"] = args.fail_step
+    FAIL_STEP = args.fail_step
     why = netns.unavailable()
     if why:
         print(f"network namespaces unavailable: {why}", file=sys.stderr)
