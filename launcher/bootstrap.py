@@ -51,8 +51,9 @@ A blocked collective, a deadlock, a blocked read and a library poll loop keep th
 callee for ever: no ``~moved``. A C call that holds the GIL stops the sampler too: no beat, as it should be.
 ``DDP_LAUNCHER_SAMPLE=0`` turns the sampler off. Before a hang's stacks are taken the launcher asks the sampler
 to look no more (the file ``park`` in the exit directory): it turns faulthandler's dump to a file of its own
-(``<pid>.stacks``, which no other thread of the script writes into), says so (``<pid>.parked``) and holds still,
-so that faulthandler never reads its frames while it changes them.
+(``<pid>.stacks``, which no other thread of the script writes into), says so (``<pid>.parked``) and holds still
+in a C call that keeps the GIL, so that no thread of the script runs Python until the dump: faulthandler reads
+every thread's frames without the GIL, and never reads one while it changes.
 """
 
 import contextlib
@@ -74,6 +75,7 @@ HOLD_LOOK = 0.01  # seconds between two looks for it
 STARTED = time.time()  # the worker's start: the rendezvous was complete (held: the go)
 PERIOD = 0.1  # seconds between two looks at the main thread
 PARK_NAME = "park"  # in the exit directory: the launcher asks the samplers to look no more (a hang's stacks)
+PARK_HOLD = 300.0  # seconds a parked sampler keeps the GIL: the stacks are taken within 40 s (launcher/hangwatch.py)
 SEND = 1.0  # seconds at least between two beats of the sampler
 MAX_DEPTH = 64  # frames walked outward to find the script's own code
 MAX_SEEN = 4096  # lines of the script's code remembered (then forgotten, and learned again)
@@ -256,13 +258,38 @@ def _park(park, stop):
     """Look no more: the launcher takes every thread's stack next. faulthandler reads each thread's frames
     without the GIL; a thread that runs Python meanwhile changes them under it, and the dump can show a
     wrong frame or crash before it reaches the main thread (printed last). Turns the dump to a file of its own
-    (:func:`_dump_to_own_file`), says so in ``<pid>.parked`` beside ``park``, then waits in C until ``stop``
-    (in a worker: for ever), holding still."""
+    (:func:`_dump_to_own_file`), says so in ``<pid>.parked`` beside ``park`` and holds the GIL in C for
+    :data:`PARK_HOLD` s (:func:`_hold_the_gil`): no thread of the script runs Python (a logger's thread, a
+    progress bar's) until the dump, which comes long before. Then it waits until ``stop`` (in a worker: never)."""
     directory = os.path.dirname(park)
     _dump_to_own_file(directory)
-    with contextlib.suppress(OSError):
-        os.close(os.open(os.path.join(directory, f"{os.getpid()}.parked"), os.O_WRONLY | os.O_CREAT))
+    _hold_the_gil(os.path.join(directory, f"{os.getpid()}.parked"), PARK_HOLD)
     stop.wait()
+
+
+def _hold_the_gil(parked, seconds):
+    """Create the file ``parked``, then sleep ``seconds`` in ``poll``, both called through ``ctypes.PyDLL``,
+    which keeps the GIL: from the file on, the other threads of the process run no Python (they wait for the
+    GIL; a thread inside a C call goes on with it). Where the C library cannot be called this way, the file is
+    created and nothing is held."""
+    import ctypes  # only for a hang's stacks
+
+    try:
+        libc = ctypes.PyDLL(None, use_errno=True)
+        open_, close, poll = libc.open, libc.close, libc.poll
+    except (OSError, AttributeError):
+        with contextlib.suppress(OSError):
+            os.close(os.open(parked, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        return
+    open_.argtypes, open_.restype = (ctypes.c_char_p, ctypes.c_int, ctypes.c_uint), ctypes.c_int
+    poll.argtypes, poll.restype = (ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int), ctypes.c_int
+    close.argtypes, close.restype = (ctypes.c_int,), ctypes.c_int
+    path, flags, deadline = os.fsencode(parked), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, time.monotonic() + seconds
+    fd = open_(path, flags, 0o600)
+    if fd >= 0:
+        close(fd)
+    while fd >= 0 and time.monotonic() < deadline:  # poll ends early on a signal's handler (EINTR)
+        poll(None, 0, max(1, int((deadline - time.monotonic()) * 1000)))
 
 
 def _dump_to_own_file(directory):

@@ -160,7 +160,8 @@ def test_the_sampler_holds_still_before_the_stacks_are_taken(tmp_path: Any) -> N
     # The bootstrap's sampler looks at the main thread ten times a second. faulthandler reads every thread's frames
     # without the GIL: a dump taken while the sampler looked once printed "sys", line 4 in ??? for it and crashed
     # (SIGSEGV) before it reached the main thread, printed last. Asked first, the sampler says it holds still and
-    # waits in C: in the dump its thread is in _park, and the main thread is there, at the script's line.
+    # waits in C: in the dump its thread is in _park (in _hold_the_gil), and the main thread is there, at the
+    # script's line.
     beats = str(tmp_path / "beats.sock")  # nobody listens: the sampler's beats are lost, as it allows
     proc = start_worker(tmp_path / "sampled", 0, DDP_LAUNCHER_PROGRESS=beats)
     exits = tmp_path / "sampled" / "exits"
@@ -230,6 +231,35 @@ def test_a_parked_worker_dumps_into_its_own_file_whole_though_a_thread_writes_to
         proc.kill()
         proc.wait()
         assert_gone([proc.pid])
+
+
+def test_a_parked_sampler_keeps_every_thread_of_the_script_out_of_python_until_the_dump(tmp_path: Any) -> None:
+    # faulthandler reads each thread's frames without the GIL. A thread of the script that runs Python meanwhile
+    # (a logger's, a progress bar's) changes its frames under it: the dump can show a wrong frame, or crash
+    # before the main thread, printed last (CI: a chatty rank's dump had no main thread). Parked, the sampler
+    # holds the GIL in C: from <pid>.parked on, the bar, which wrote every half millisecond, writes nothing
+    # more (one write under way may end), while the worker still runs; and the dump is whole.
+    beats = str(tmp_path / "beats.sock")
+    proc = start_worker(tmp_path, 2, "chatty", DDP_LAUNCHER_PROGRESS=beats)
+    log = tmp_path / "stderr.log"
+    sizes: list[int] = []
+
+    def held() -> None:
+        grown = log.stat().st_size
+        time.sleep(0.5)
+        assert log.stat().st_size > grown  # the bar writes while the sampler looks
+        assert stacks.park_samplers([proc.pid], BOUND) == []
+        time.sleep(0.2)  # a write under way ends
+        for _ in range(5):
+            sizes.append(log.stat().st_size)
+            time.sleep(0.2)
+        assert proc.poll() is None and stacks.signal_state(proc.pid) == "asleep"
+
+    taken = freeze_and_take(proc, held)
+    assert len(set(sizes)) == 1, sizes  # not one more character of the bar's
+    assert proc.returncode == -signal.SIGABRT and taken.why == {}, taken
+    pos = hang.position(taken.dumps[3], (), taken.mains[3])
+    assert pos is not None and (pos.func, pos.line) == ("blocked", LINE), taken.dumps[3]
 
 
 @given(st.binary(max_size=80))
