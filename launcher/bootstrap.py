@@ -271,7 +271,7 @@ def _hold_the_gil(parked, seconds):
     """Create the file ``parked``, then sleep ``seconds`` in ``poll``, both called through ``ctypes.PyDLL``,
     which keeps the GIL: from the file on, the other threads of the process run no Python (they wait for the
     GIL; a thread inside a C call goes on with it). Between the two calls the interpreter may hand the GIL over
-    once (a thread that asked for it for 5 ms); the sampler takes it back within a switch interval, before the
+    once (a thread that asked for it for 5 ms); the sampler takes it back within a switch interval, as a rule before the
     launcher, which looks for the file every 50 ms, stops the worker. Where the C library cannot be called this
     way, the file is created and nothing is held."""
     import ctypes  # only for a hang's stacks
