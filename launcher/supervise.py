@@ -271,16 +271,17 @@ class _StopSignals:
         with self.lock:
             self._forward(signum)
 
-    def request(self, grace_period: float, why: str) -> None:
+    def request(self, grace_period: float, why: str) -> bool:
         """A stop the launcher itself decided (the job watch: another host failed): SIGTERM to the
         workers, everything killed after ``grace_period`` (at most the configured one). Any thread.
+        Whether this request stopped them: False when torchrun had ended or a stop was in force already.
 
         The workers get the signal once: a later request (each other host's end reaches the job watch as
         an event of its own) only brings the deadline closer. A second SIGTERM would run a script's handler
         again inside the first one, in the middle of the checkpoint it is saving."""
         with self.lock:
             if self.proc is not None and self.proc.poll() is not None:
-                return  # torchrun has ended: nothing to stop, and its outcome is its own
+                return False  # torchrun has ended: nothing to stop, and its outcome is its own
             deadline = time.monotonic() + min(grace_period, self.grace_period)
             if self.proc is not None and not self.direct and not proctree.children_of(self.proc.pid):
                 deadline = time.monotonic()  # no worker left: only torchrun's own shutdown would be waited for
@@ -288,11 +289,12 @@ class _StopSignals:
             if self.signal is not None:  # the workers have it already (or get it as torchrun starts)
                 if self.deadline is not None:
                     self.deadline = min(self.deadline, deadline)
-                return
+                return False
             self.log(why)
             self.signal, self.deadline = signal.SIGTERM, deadline
             self.deadline_grace = min(grace_period, self.grace_period)
             self._forward(self.signal)
+            return True
 
     def relay(self, signum: int, _frame: object = None) -> None:
         """Signal handler for :data:`FORWARD_ONLY`: pass the signal to the workers; no stop, no deadline."""

@@ -620,6 +620,45 @@ def test_clients_find_the_hub_on_the_next_candidate_port_when_the_first_is_taken
             hub.close()
 
 
+def test_a_platform_stop_that_came_first_stays_this_hosts_own_when_another_host_fails_after_it(watches):
+    """CI: a spot interruption (SIGTERM) stopped algo-1's workers; algo-2 failed because of it, and its failure
+    reached algo-1's watch before algo-1's verdict: the watch marked the stop as its own (``stopped_job``) and the
+    host reported "stopped because of algo-2" with exit code 1, not 143. A watch's stop counts only when its
+    request stopped the workers (supervise's real stop, a real process standing for the workers)."""
+    from launcher.supervise import _StopSignals
+
+    for platform_first in (True, False):
+        ports = (free_port(),)
+        lines: list[str] = []
+        hub = jobwatch.start(0, "algo-1", 2, "127.0.0.1", ports, TIMEOUT, 30.0, lines.append, job=JOB)
+        client = jobwatch.start(1, "algo-2", 2, "127.0.0.1", ports, TIMEOUT, 30.0, lines.append, job=JOB)
+        worker = subprocess.Popen(["sleep", "60"])
+        stop = _StopSignals(5.0, lines.append, direct=True)
+        stop.proc = worker
+        try:
+            until(client.connected)
+            hub.attach(stop.request)  # algo-1, node 0: the host the platform stops
+            if platform_first:
+                stop(signal.SIGTERM)  # the platform's, as the launcher's handler gets it
+                assert worker.wait(timeout=30) == -signal.SIGTERM
+            client.finish(1, "algo-2: rank 1 (local rank 0) exited with code 1", True)
+            until(lambda hub=hub: hub.cause() is not None)
+            if not platform_first:
+                assert worker.wait(timeout=30) == -signal.SIGTERM
+            assert hub.stopped_job is not platform_first and stop.signal == signal.SIGTERM, lines
+            assert (hub.stop_at is None) is platform_first
+            assert stop.request(1.0, "again") is False  # a stop in force: a later request stops nothing
+            assert hub.stopped_job is not platform_first
+        finally:
+            hub.attach(None)
+            client.close()
+            hub.close()
+            if worker.poll() is None:
+                worker.kill()
+            worker.wait()
+            assert_gone([worker.pid])
+
+
 # -- real jobs: two launchers, torchrun, gloo workers; one host faulted --
 
 HOSTS = ["algo-1", "algo-2"]

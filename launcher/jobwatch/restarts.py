@@ -57,10 +57,8 @@ class Restarts:
     def attached(self, request: StopRequest) -> None:
         """Supervise attached a stop hook: the workers of a generation already ordered to stop stop now."""
         if self.stop_gen == self.generation:
-            self.watch.stopped_job = True
-            self.watch.stop_at = time.monotonic()
-            request(REMOTE_GRACE, f"job watch: generation {self.generation} failed on another host: stopping "
-                                      "the workers here")
+            self.watch.stop_workers(request, f"job watch: generation {self.generation} failed on another host: "
+                                             "stopping the workers here")
 
     # -- the loop thread --
     def on_message(self, node: int, message: dict) -> None:
@@ -110,10 +108,9 @@ class Restarts:
             self.stop_gen = gen
             request = watch.stop_hook if gen == self.generation else None
         if request is not None:
-            watch.stopped_job = True
-            watch.stop_at = time.monotonic()
-            request(REMOTE_GRACE, f"job watch: {head.splitlines()[0] if head else 'another host failed'}: stopping "
-                                 f"the workers of generation {gen} here (grace period at most {REMOTE_GRACE:g} s)")
+            watch.stop_workers(request, f"job watch: {head.splitlines()[0] if head else 'another host failed'}: "
+                                        f"stopping the workers of generation {gen} here (grace period at most "
+                                        f"{REMOTE_GRACE:g} s)")
 
     def _decided(self, message: dict) -> None:
         """Node 0's decision at the end of a generation: remembered; a restart moves on to the next one."""

@@ -35,7 +35,7 @@ MAX_PENDING = 64  # connections without a hello held at once, besides one per no
 MAX_OUT = 1 << 20  # bytes queued for a peer that does not read: beyond this its connection is closed
 LEAVE_WAIT = 2.0  # how long a client's last message may take to leave
 
-StopRequest = Callable[[float, str], None]
+StopRequest = Callable[[float, str], Optional[bool]]  # False: it did not stop the workers (a stop was in force)
 
 
 class Extension(Protocol):
@@ -304,10 +304,18 @@ class Watch:
             request = self._request
         if request is None or cause is None:
             return
-        self.stopped_job = True
-        self.stop_at = time.monotonic()
-        request(REMOTE_GRACE, f"job watch: {cause.report.splitlines()[0]}: stopping the workers here "
-                              f"(grace period at most {REMOTE_GRACE:g} s)")
+        self.stop_workers(request, f"job watch: {cause.report.splitlines()[0]}: stopping the workers here "
+                                   f"(grace period at most {REMOTE_GRACE:g} s)")
+
+    def stop_workers(self, request: StopRequest, why: str) -> None:
+        """Stop this host's workers through ``request`` (supervise's), as this watch's doing (``stopped_job``:
+        the host's failure is then a consequence of another's). Marked before the signal goes, so that the verdict
+        never misses it; taken back when the request stopped nothing: a stop in force already (the platform's
+        SIGTERM came first, and another host failed because of it) or torchrun ended stays this host's own."""
+        before = (self.stopped_job, self.stop_at)
+        self.stopped_job, self.stop_at = True, time.monotonic()
+        if request(REMOTE_GRACE, why) is False and not before[0]:
+            self.stopped_job, self.stop_at = before
 
     def _record(self, event: Event) -> None:
         with self.cond:
