@@ -253,7 +253,9 @@ def test_a_parked_sampler_keeps_every_thread_of_the_script_out_of_python_until_t
         for _ in range(5):
             sizes.append(log.stat().st_size)
             time.sleep(0.2)
-        assert proc.poll() is None and stacks.signal_state(proc.pid) == "asleep"
+        # the worker lives on. (Not "every thread asleep" from /proc: a thread waiting for the GIL wakes every
+        # switch interval to ask for it, and is seen running for that instant; CI caught one.)
+        assert proc.poll() is None
 
     taken = freeze_and_take(proc, held)
     assert len(set(sizes)) == 1, sizes  # not one more character of the bar's
