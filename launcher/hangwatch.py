@@ -27,6 +27,11 @@ leads through the job watch's ``hang`` messages; see :class:`launcher.jobwatch.E
    no stack while every other rank waits for the others, and sends it to every host; it starts every
    host's report, the job ends with exit code 124 (class ``hang``, :mod:`launcher.codes`) everywhere.
 
+From the freeze until its own workers' stacks are read, a launcher holds any stop that comes (the platform's
+SIGTERM, the job watch's for another host): decided at once, its signal reaches the workers after the dump, at most
+:data:`HOLD` seconds later (:meth:`launcher.supervise._StopSignals.hold`); a SIGTERM beside the stack signal ended
+a worker in the middle of its dump.
+
 Each step ends when every host (every worker) is done, at most :data:`FREEZE_WAIT` and :data:`STACK_WAIT`
 seconds, bounds meant for a heavily loaded host: a host that does not answer is named as having given no
 stack. A straggler (a rank heard before, now silent for half the timeout while others progress) is logged
@@ -58,6 +63,7 @@ STACK_WAIT = 30.0  # seconds at most from the signal until every worker dumped (
 FREEZE_WAIT = 10.0  # seconds node 0 waits for every host to say its workers are frozen (ends as soon as all did)
 QUIET = 0.5  # the dumps are complete when every rank has one and nothing came for this long
 HANG_GRACE = 2.0  # a hung worker runs no Python SIGTERM handler: a longer grace period only delays the end
+HOLD = FREEZE_WAIT + 2 * STACK_WAIT + 5  # seconds at most a stop waits for this host's dump (a follower's worst)
 TICK = 1.0  # how often the silence is judged
 TURN = 0.2  # how often another host looks for node 0's orders
 MAX_GROUPS_BYTES = 3000  # what a ``stacks`` message carries (the job watch's lines are at most 4096 bytes)
@@ -68,6 +74,7 @@ NCCL_DUMP_WAIT = 2.0  # seconds the Flight Recorder gets to write its traces
 OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the launcher's files in a worker's stack
 
 StopRequest = Callable[[float, str], None]
+StopHold = Callable[[Optional[float]], None]  # seconds to hold a stop for; None: no longer
 
 
 class HangWatch:
@@ -93,6 +100,7 @@ class HangWatch:
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self._request: Optional[StopRequest] = None
+        self._hold: Optional[StopHold] = None
         self._pid: Optional[int] = None
         self._closing = threading.Event()
         self._stragglers: set[int] = set()
@@ -119,10 +127,12 @@ class HangWatch:
         """A chunk of torchrun's output (see :meth:`launcher.progress.Progress.feed`)."""
         self.progress.feed(chunk, stderr)
 
-    def attach(self, request: Optional[StopRequest], pid: Optional[int] = None) -> None:
-        """Called by supervise with its stop hook and torchrun's pid once it runs; (None) when it returns."""
+    def attach(self, request: Optional[StopRequest], pid: Optional[int] = None,
+               hold: Optional[StopHold] = None) -> None:
+        """Called by supervise with its stop hook, torchrun's pid and its hold of a stop once it runs; (None) when
+        it returns."""
         with self.lock:
-            self._request, self._pid = request, pid
+            self._request, self._pid, self._hold = request, pid, hold
         if request is not None and not self.thread.is_alive():
             self.thread.start()
 
@@ -286,11 +296,15 @@ class HangWatch:
         if others:
             self._post({"phase": "freeze"})
         self._nccl_dumps()
-        self._freeze(workers)
-        if others:
-            self._wait(lambda: others <= self._frozen, FREEZE_WAIT)
-            self._post({"phase": "dump"})
-        positions = self._dump(workers)
+        self._holding(HOLD)
+        try:
+            self._freeze(workers)
+            if others:
+                self._wait(lambda: others <= self._frozen, FREEZE_WAIT)
+                self._post({"phase": "dump"})
+            positions = self._dump(workers)
+        finally:
+            self._holding(None)
         if others:
             self._wait(lambda: others <= set(self._stacks), STACK_WAIT + 3)
         hosts = dict(self.hosts)
@@ -330,13 +344,17 @@ class HangWatch:
             if phase == "freeze":
                 self.log("hang: node 0 found no progress anywhere: freezing the workers here for their stacks")
                 self._nccl_dumps()
+                self._holding(HOLD)  # until this host's dump (below), or the hold's bound
                 self._freeze(self._workers())
                 self._frozen_at = time.monotonic()
                 self._post({"phase": "frozen"})
             elif phase == "dump" and not self._dumped:
                 self._dumped = True
                 ranks = sorted(self.hosts)
-                positions = self._dump(self._workers())
+                try:
+                    positions = self._dump(self._workers())
+                finally:
+                    self._holding(None)
                 self._post({"phase": "stacks", "ranks": ranks, "groups": _write_groups(positions),
                             "why": _write_why(self._why), "kids": _write_kids(self._kids)})
             elif phase == "verdict":
@@ -371,6 +389,13 @@ class HangWatch:
         self.details += [f"rank {rank} ({self.hosts.get(rank, '?')}), its child pid {pid}: {pos.where()}"
                          + (f", in {pos.call}" if pos.call else "") for rank, pid, pos in self._kids]
         return dict(positions)
+
+    def _holding(self, seconds: Optional[float]) -> None:
+        """Hold a stop that comes while this host's stacks are taken (``seconds`` at most); None: no longer."""
+        with self.lock:
+            hold = self._hold
+        if hold is not None:
+            hold(seconds)
 
     def _freeze(self, workers: Sequence[int]) -> None:
         """Stop the workers (SIGSTOP) once their samplers hold still (:func:`launcher.stacks.park_samplers`)."""

@@ -58,6 +58,7 @@ PUMP_GATHER = 0.001  # seconds to wait after a short read
 # so that the report stays stderr's last lines.
 PUMP_DRAIN = 30.0
 TICK = 0.5
+HELD = "once their stacks are taken (a hang is being reported)"  # a stop held meanwhile (_StopSignals.hold)
 TABLE_WAIT = 1.0  # seconds a stopped torchrun whose worker died before the stop gets to print its failure table
 
 
@@ -72,7 +73,8 @@ class HangHook(Protocol):
 
     def feed(self, chunk: bytes, stderr: bool = False) -> None: ...
 
-    def attach(self, request: Optional[Callable[[float, str], None]], pid: Optional[int] = None) -> None: ...
+    def attach(self, request: Optional[Callable[[float, str], None]], pid: Optional[int] = None,
+               hold: Optional[Callable[[Optional[float]], None]] = None) -> None: ...
 
 
 class Beside(Protocol):
@@ -266,6 +268,8 @@ class _StopSignals:
         self.requested = False  # a stop the launcher decided (request): no need to wait for torchrun's shutdown
         self.lock = threading.RLock()  # the signal handler (main thread) and request (the job watch's)
         self.wake: Optional[Callable[[], None]] = None  # the supervisor's wait looks again at once
+        self.held_until: Optional[float] = None  # monotonic: the workers' stacks are being taken (hold)
+        self.owed: list[int] = []  # the signals that came meanwhile, passed on at the hold's end
 
     def __call__(self, signum: int, _frame: object = None) -> None:
         with self.lock:
@@ -290,11 +294,33 @@ class _StopSignals:
                 if self.deadline is not None:
                     self.deadline = min(self.deadline, deadline)
                 return False
-            self.log(why)
+            self.log(why + (f"; the signal reaches them {HELD}" if self.held_until is not None else ""))
             self.signal, self.deadline = signal.SIGTERM, deadline
             self.deadline_grace = min(grace_period, self.grace_period)
             self._forward(self.signal)
             return True
+
+    def hold(self, seconds: Optional[float]) -> None:
+        """Hang detection takes the workers' stacks: for at most ``seconds`` (None: no longer), a stop that comes
+        is decided at once (its deadline counts from its arrival) but its signal reaches the workers only at the
+        hold's end. Delivered beside the stack signal, a SIGTERM ended a worker in the middle of its dump (its
+        default action ends the process from any thread while the main thread writes). Any thread."""
+        with self.lock:
+            if seconds is not None:
+                self.held_until = time.monotonic() + seconds
+                return
+            self.held_until = None
+            owed, self.owed = self.owed, []
+            for signum in owed:
+                self._send(signum)
+
+    def overdue(self) -> None:
+        """A hold past its bound ends here (the supervisor's wait looks at each tick)."""
+        with self.lock:
+            if self.held_until is not None and time.monotonic() >= self.held_until:
+                if self.owed:
+                    self.log("the workers' stacks were not taken within the hold: passing the stop on now")
+                self.hold(None)
 
     def relay(self, signum: int, _frame: object = None) -> None:
         """Signal handler for :data:`FORWARD_ONLY`: pass the signal to the workers; no stop, no deadline."""
@@ -311,11 +337,18 @@ class _StopSignals:
             self.wake()
         if self.at is None:
             self.at, self.since = time.time(), time.monotonic()
+        held = self.held_until is not None
         if self.signal is None:
             self.signal = signum
             self.deadline = time.monotonic() + self.grace_period
-            self.log(f"received {signal.Signals(signum).name}: forwarding it to the workers; "
-                     f"killing everything left after {self.grace_period:g} s")
+            self.log(f"received {signal.Signals(signum).name}: forwarding it to the workers"
+                     f"{f' {HELD}' if held else ''}; killing everything left after {self.grace_period:g} s")
+        if held:
+            self.owed.append(signum)
+            return
+        self._send(signum)
+
+    def _send(self, signum: int) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
         targets = [self.proc.pid] if self.direct else (proctree.children_of(self.proc.pid) or [self.proc.pid])
@@ -396,7 +429,7 @@ def supervise(run: Context, launch: Launch, quick_end: bool = False,
                  threading.Thread(target=_pump, args=(proc.stderr, sinks[1], tail, feeds[1], wake.poke),
                                   daemon=True)]
         if hangs is not None:
-            hangs.attach(stop.request, proc.pid)
+            hangs.attach(stop.request, proc.pid, stop.hold)
         for pump in pumps:
             pump.start()
         rendezvous_by = None if rendezvous_timeout is None else time.monotonic() + rendezvous_timeout
@@ -473,6 +506,7 @@ def _wait(proc: subprocess.Popen, stop: _StopSignals, log: Callable[[str], None]
         if returncode is not None:
             return returncode, after_grace, no_rendezvous
         proctree.reap_orphans([proc.pid, watchdog.pid, *spared()], watchdog)
+        stop.overdue()
         if killed:
             continue
         if look is not None and not stop.requested and stop.signal is None:

@@ -69,7 +69,7 @@ def test_contents_exactly_as_expected(scripts, tmp_path):
     assert _read(dest / "train_x.py") == SCRIPT.encode()
     assert _read(dest / "ddp_utils.py") == HELPER.encode()
     assert not [n for n in listed if "requirements" in n or "setup" in n or n.endswith(".pyc")]
-    assert sum(os.path.getsize(dest / n) for n in listed) < 600_000  # the launcher's source, uncompressed (512 kB)
+    assert sum(os.path.getsize(dest / n) for n in listed) < 700_000  # the launcher's source, uncompressed (602 kB)
 
 
 def test_without_helper_and_with_extras(tmp_path):

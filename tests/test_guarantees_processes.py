@@ -23,11 +23,12 @@ from test_launcher_processes import make_host, records, wait_for_records
 from test_simulate import SCRIPT as ALLREDUCE
 from test_simulate import Simulate, ancestors_of_test, processes_inside, rank_records
 
-from launcher import cli, proctree, rundir
+from launcher import cli, codes, proctree, rundir
 from launcher.errors import ConfigError
 
 WORKER = os.path.join(REPO, "tests", "scripts", "launcher_worker.py")
 FORKING = os.path.join(REPO, "tests", "scripts", "forking_worker.py")
+HANG_WORKER = os.path.join(REPO, "tests", "scripts", "hang_worker.py")
 LONG_RUN = ["--steps", "100000", "--step-sleep", "0.05"]
 STUBBORN = """import json, os, signal, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -342,6 +343,41 @@ def trains_on_then_stops(proc, base, steps: int) -> str:
     said = err.decode()
     assert proc.returncode == 0, said[-3000:]
     return said
+
+
+@pytest.mark.job
+def test_a_stop_that_comes_while_a_hangs_stacks_are_taken_reaches_the_workers_after_them(tmp_path):
+    # A platform's SIGTERM (a spot interruption, a time limit) that came as the hang watch took the stacks was
+    # passed on at once: SIGTERM's default action ended each worker, frozen or not, in the middle of its dump, and
+    # the hang was reported with no stack. Sent here the moment the first worker's sampler holds still (the
+    # freeze has begun), it is held until the stacks are read: the report names rank 1 at its read, rank 0 is
+    # in its all-reduce, and the job ends as a hang (124), nothing left.
+    from test_hang_jobs import line_of
+
+    base = make_host(tmp_path, "algo-1", ["algo-1"])
+    proc = start(base, ["--hang-timeout", "5", HANG_WORKER, "--mode", "read", "--rank", "1"],
+                 HANG_RECORD_DIR=str(base / "records"))
+    deadline = time.monotonic() + 150
+    while len(records(base)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = sorted(r["pid"] for r in records(base).values())
+    assert len(workers) == 2, proc.communicate(timeout=60)[1].decode()[-3000:] if proc.poll() is not None else ""
+    torchrun = sorted({int((stat_of(pid) or ["", "0"])[1]) for pid in workers})
+    assert len(torchrun) == 1 and torchrun[0] != proc.pid, (workers, torchrun)
+    exits = os.path.join(run_dir_of(torchrun[0]), "exits")
+    deadline = time.monotonic() + 120
+    while not any(name.endswith(".parked") for name in os.listdir(exits)) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1].decode()[-3000:]
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    said = err.decode()
+    report = (base / "output" / "failure").read_text()
+    assert proc.returncode == codes.HANG_CODE, said[-4000:]
+    assert "received SIGTERM: forwarding it to the workers once their stacks are taken" in said, said[-4000:]
+    assert report.startswith("hang: ") and f"; rank 1 (algo-1) at hang_worker.py:{line_of('read')} in " in report
+    assert f"\nrank 0 (algo-1): hang_worker.py:{line_of('all_reduce')} in main, in all_reduce\n" in report, report
+    assert_gone([proc.pid, *torchrun, *workers])
 
 
 @pytest.mark.job

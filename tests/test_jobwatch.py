@@ -659,6 +659,56 @@ def test_a_platform_stop_that_came_first_stays_this_hosts_own_when_another_host_
             assert_gone([worker.pid])
 
 
+def test_a_stop_held_while_the_stacks_are_taken_reaches_the_workers_at_the_holds_end_or_at_its_bound():
+    """Hang detection holds a stop while it takes this host's stacks: a SIGTERM beside the stack signal ended a
+    worker in the middle of its dump. The stop is decided at once (signal, deadline from its arrival) and reaches
+    the workers (a real process) only when the hold ends, or at the hold's bound; a hold with no stop ends
+    silently; outside a hold a stop goes at once (supervise's real stop)."""
+    from launcher.supervise import _StopSignals
+
+    for how in ("released", "request", "bound", "nothing", "unheld"):
+        lines: list[str] = []
+        worker = subprocess.Popen(["sleep", "60"])
+        stop = _StopSignals(30.0, lines.append, direct=True)
+        stop.proc = worker
+        try:
+            if how != "unheld":
+                stop.hold(0.3 if how == "bound" else 60.0)
+            arrived = time.monotonic()
+            if how == "request":
+                assert stop.request(5.0, "job watch: algo-2 failed: stopping the workers here") is True
+            elif how != "nothing":
+                stop(signal.SIGTERM)  # the platform's, as the launcher's handler gets it
+            if how == "unheld":
+                assert worker.wait(timeout=30) == -signal.SIGTERM
+                assert "once their stacks are taken" not in "\n".join(lines)
+                continue
+            time.sleep(0.5)
+            assert worker.poll() is None, lines  # held: the worker still runs (its dump would go on)
+            if how != "nothing":
+                assert stop.signal == signal.SIGTERM and stop.deadline is not None
+                assert stop.deadline <= arrived + (5.0 if how == "request" else 30.0) + 0.5  # from its arrival
+                assert any("once their stacks are taken" in line for line in lines), lines
+            if how == "bound":
+                stop.overdue()  # the supervisor's wait, at its next tick
+                assert lines[-1] == "the workers' stacks were not taken within the hold: passing the stop on now"
+            else:
+                stop.overdue()  # within the bound: nothing happens
+                assert worker.poll() is None
+                stop.hold(None)
+            if how == "nothing":
+                time.sleep(0.3)
+                assert worker.poll() is None and stop.signal is None and len(lines) == 0, lines
+            else:
+                assert worker.wait(timeout=30) == -signal.SIGTERM
+                assert stop.request(1.0, "again") is False  # the stop is in force
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+            worker.wait()
+            assert_gone([worker.pid])
+
+
 # -- real jobs: two launchers, torchrun, gloo workers; one host faulted --
 
 HOSTS = ["algo-1", "algo-2"]
