@@ -58,6 +58,12 @@ _LOG_TEMPLATE = re.compile(r"^\s*\[[IWEF]\d{4} ")
 _NOISE = re.compile(r"^\s*\[[IW]\d{4} ")  # C++ info and warning lines: never part of a report
 
 
+# How a rank's failure reads when a peer's process ended under it: gloo's pair.cc (read of 0 bytes; ECONNRESET;
+# EPIPE), NCCL's ncclRemoteError and its socket layer, torch's TCPStore client (DistNetworkError).
+LOST_PEER = re.compile(r"Connection (?:closed|reset) by (?:remote )?peer|remote process exited|Broken pipe"
+                       r"|failed to recv, got 0 bytes")
+
+
 class RootCause(NamedTuple):
     """The first worker that failed on this host, or torchrun itself (``rank`` None)."""
 
@@ -71,6 +77,7 @@ class RootCause(NamedTuple):
     oom: str = ""  # the OOM killer's evidence when it sent the SIGKILL (launcher.oom.evidence)
     oom_what: str = ""  # what it killed, after "ran out of memory: " (launcher.oom.explain)
     at: Optional[float] = None  # time.time() when it failed: its exit record, else its death; None: not known
+    note: str = ""  # what happened before it that explains it (:func:`ended_before`)
 
 
 def signal_name(number: int) -> str:
@@ -319,8 +326,36 @@ def find_root_cause(outcome: Outcome, launch: Launch) -> Optional[RootCause]:
     # wrote none (a signal, os._exit), its death as the kernel told it (launcher.deaths): what an exception says
     # is no evidence.
     first = pick_root_cause(entries, lambda entry: _failed_when(entry, launch.exit_dir, outcome.deaths))
-    return _cause_of(first, first is entries[0], launch)._replace(
+    cause = _cause_of(first, first is entries[0], launch)._replace(
         at=_failed_when(first, launch.exit_dir, outcome.deaths).first())
+    return cause._replace(note=ended_before(outcome, cause, launch.exit_dir))
+
+
+def ended_before(outcome: Outcome, cause: RootCause, exit_dir: str) -> str:
+    """When ``cause`` is a lost peer (:data:`LOST_PEER`): a rank of this host whose script had ended with exit
+    code 0 before it failed, said in one line; "" if none. A rank that ends closes its connections, and a peer
+    still in a collective fails on them ("Connection closed by peer ... typically caused by a remote worker
+    crashing"): the failure reads as a crash's consequence, and the crash was a clean end (a rank with fewer
+    batches than the others). Its death as the kernel told it (:mod:`launcher.deaths`), dated by its exit record
+    where it wrote one."""
+    if outcome.stop_signal is not None or cause.rank is None or cause.at is None:
+        return ""
+    if not LOST_PEER.search(cause.exception) and not LOST_PEER.search(cause.detail[-LOG_TAIL_BYTES:]):
+        return ""
+    clean = []
+    for pid, death in outcome.deaths.items():
+        record = read_exit_record(exit_dir, pid)
+        code = record["code"] if record else death.code
+        ended = (record or {}).get("ended") or death.at
+        if code == 0 and death.rank is not None and death.rank != cause.rank and ended < cause.at:
+            clean.append((ended, death.rank, death.local_rank))
+    if not clean:
+        return ""
+    ended, rank, local_rank = min(clean)
+    others = f" (and {len(clean) - 1} other rank{'s' if len(clean) > 2 else ''} of this host)" if len(clean) > 1 else ""
+    return (f"rank {rank} (local rank {local_rank}){others} had ended its script with exit code 0, "
+            f"{max(0.0, cause.at - ended):.1f} s before: a rank that ends while the others still run collectives "
+            "closes its connections, and they fail on them (does every rank run the same number of steps?)")
 
 
 def _deaths_before_stop(outcome: Outcome) -> list[dict[str, str]]:
@@ -485,6 +520,8 @@ def compose_report(cluster: Cluster, outcome: Outcome, cause: Optional[RootCause
     lines = [head]
     if cause is not None and cause.exception:
         lines.append(cause.exception[:300])
+    if cause is not None and cause.note:
+        lines.append(cause.note)
     text = "\n".join(lines)
     detail = [strip_prefixes(ln) for ln in (cause.detail.splitlines() if cause else [])]
     detail = [ln for ln in detail if ln.strip() and not _is_marker(ln) and not _NOISE.match(ln)]

@@ -237,6 +237,71 @@ def test_the_first_failure_in_time_wins_between_a_record_and_a_death(tmp_path: A
     assert ended - first == pytest.approx(time.time() - (died if killed_first else now - 1.0), abs=0.05)
 
 
+@pytest.mark.parametrize("text, lost", [
+    # gloo (third_party/gloo/gloo/transport/tcp/pair.cc), as torch 2.8 prints it here
+    ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+     "[127.0.0.1]:49297. This is typically caused by a remote worker crashing.", True),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [10.0.0.2]:6301: Connection reset "
+     "by peer", True),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Write error [10.0.0.2]:6301: Broken pipe",
+     True),
+    # NCCL's ncclRemoteError, through torch's DistBackendError
+    ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, remote "
+     "process exited or there was a network error, NCCL version 2.21.5", True),
+    ("torch.distributed.DistNetworkError: failed to recv, got 0 bytes", True),  # TCPStore's client
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", False),
+    ("OSError: [Errno 28] No space left on device", False),
+    ("ValueError: bad batch on rank 1 at step 3", False),
+])
+def test_a_lost_peer_is_read_in_the_words_gloo_nccl_and_the_store_use(text: str, lost: bool) -> None:
+    assert bool(failure.LOST_PEER.search(text)) is lost
+
+
+@pytest.mark.parametrize("shape", ["ended-first", "ended-first-no-record", "ended-after", "stopped", "own-error"])
+def test_a_rank_that_ended_cleanly_before_the_failure_is_said_beside_it(tmp_path: Any, shape: str) -> None:
+    # A rank with fewer batches ends its script (exit code 0); its connections close with it, and its peer, still
+    # in a collective, fails on them ("Connection closed by peer ... typically caused by a remote worker
+    # crashing"): the report named the peer's exception and nothing else. The clean end comes first in time: it is
+    # said on the line after the exception, the head unchanged; a clean end after the failure (the job ending) or
+    # a stopped job, or a failure of the rank's own (not a lost peer), says nothing of it.
+    from launcher.cluster import Cluster
+
+    launch, now = launch_in(tmp_path), time.time()
+    root = TABLE[TABLE.index("Root Cause (first observed failure):"):]
+    table = ["Failures:", "  <NO_OTHER_FAILURES>", "-" * 60, *root]
+    log = tmp_path / "logs" / "job" / "attempt_0" / "0" / "stderr.log"  # rank 2's, as torchrun keeps it
+    log.parent.mkdir(parents=True)
+    log.write_text("Traceback (most recent call last):\n  File \"train.py\", line 40, in <module>\n"
+                   "    dist.all_reduce(t)\n"
+                   + ("OSError: [Errno 28] No space left on device\n" if shape == "own-error" else
+                      "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+                      "[10.0.1.17]:41205. This is typically caused by a remote worker crashing.\n"))
+    with open(os.path.join(launch.exit_dir, "4461.json"), "w") as fh:  # rank 2 raised (the peer's exception)
+        json.dump({"code": 1, "stderr_offset": 0, "started": now - 30, "ended": now - 1.0}, fh)
+    ended = now - (0.5 if shape == "ended-after" else 1.6)
+    if shape != "ended-first-no-record":
+        with open(os.path.join(launch.exit_dir, "4462.json"), "w") as fh:  # rank 3 ended cleanly
+            json.dump({"code": 0, "stderr_offset": 0, "started": now - 30, "ended": ended}, fh)
+    deaths = {4462: Death(ended + (0.0 if shape == "ended-first-no-record" else 0.58), 0, 3, 1),
+              4461: Death(now - 0.5, 1, 2, 0)}
+    outcome = Outcome(returncode=1, pid=1, stderr_tail=table, deaths=deaths,
+                      stop_signal=signal.SIGTERM if shape == "stopped" else None)
+    cause = failure.find_root_cause(outcome, launch)
+    assert (cause.rank, cause.exitcode) == (2, 1)
+    cluster = Cluster(platform="sagemaker", nnodes=2, node_rank=1, nproc_per_node=2, current_host="algo-2",
+                      master_addr="algo-1", master_port=7777)
+    report = failure.compose_report(cluster, outcome._replace(stop_signal=None), cause, 1).splitlines()
+    assert report[0] == "algo-2: rank 2 (local rank 0) exited with code 1"
+    if shape in ("ended-after", "stopped", "own-error"):
+        assert cause.note == "" and not any("exit code 0" in line for line in report), report
+        return
+    assert report[1].startswith("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection")
+    assert cause.note == report[2] == (
+        "rank 3 (local rank 1) had ended its script with exit code 0, 0.6 s before: a rank that ends while the "
+        "others still run collectives closes its connections, and they fail on them (does every rank run the same "
+        "number of steps?)"), report
+
+
 def test_without_deaths_a_worker_without_a_record_still_comes_first(tmp_path: Any) -> None:
     launch = launch_in(tmp_path)
     record(launch, 4461, 1, time.time())

@@ -114,6 +114,21 @@ def test_worker_exit_code_is_the_launchers(tmp_path):
 
 
 @pytest.mark.job
+def test_a_rank_that_ends_early_and_cleanly_is_said_beside_the_peer_that_failed_on_it(tmp_path):
+    """Rank 1 runs out of batches and its script ends (exit code 0) at step 3; rank 0, in its next all-reduce, fails
+    with gloo's "Connection closed by peer ... typically caused by a remote worker crashing". The report names rank
+    0's failure, as torchrun does, and says on the line after its exception that rank 1 had ended cleanly before."""
+    code, err, failure = run_single(tmp_path, ["--steps", "200", "--step-sleep", "0.05", "--exit-code", "0",
+                                               "--fail-rank", "1", "--fail-at-step", "3"])
+    lines = failure.splitlines()
+    assert code == 1 and lines[0] == "algo-1: rank 0 (local rank 0) exited with code 1", err[-3000:]
+    assert "Connection closed by peer" in lines[1], lines
+    assert re.fullmatch(r"rank 1 \(local rank 1\) had ended its script with exit code 0, \d+\.\d s before: a rank "
+                        r"that ends while the others still run collectives closes its connections, and they fail on "
+                        r"them \(does every rank run the same number of steps\?\)", lines[2]), lines
+
+
+@pytest.mark.job
 def test_worker_exit_code_survives_an_abort_in_interpreter_teardown(tmp_path):
     """sys.exit(7), then an atexit handler aborts (as torch's threads can): the launcher still exits 7."""
     code, err, failure = run_single(tmp_path, ["--exit-code", "7", "--fail-rank", "1", "--abort-at-exit"])
