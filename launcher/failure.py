@@ -345,7 +345,7 @@ def ended_before(outcome: Outcome, cause: RootCause, exit_dir: str) -> str:
     clean = []
     for pid, death in outcome.deaths.items():
         record = read_exit_record(exit_dir, pid)
-        code = record["code"] if record else death.code
+        code = death.code if death.code is not None else (record or {}).get("code")
         ended = (record or {}).get("ended") or death.at
         if code == 0 and death.rank is not None and death.rank != cause.rank and ended < cause.at:
             clean.append((ended, death.rank, death.local_rank))
